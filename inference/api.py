@@ -1,0 +1,96 @@
+"""The classifier contract between the stream agents and the models.
+
+The agents hand a micro-batch of :class:`LogWindow` to a :class:`Classifier` and get one
+:class:`Prediction` per window back. Nothing here knows about Kafka, so the models can be
+trained, evaluated and used from the command line without a broker.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Literal, Protocol, runtime_checkable
+
+__all__ = [
+    "ERROR_START",
+    "Classifier",
+    "LogWindow",
+    "Prediction",
+    "VerdictLabel",
+    "is_error_start",
+]
+
+VerdictLabel = Literal["deterministic", "nondeterministic", "unknown"]
+
+# The first line of an error report: a Python traceback, an exception line, a launcher's or
+# NCCL's error banner, a CUDA/driver fault, a killed process. The stream agent keeps the block
+# that starts at the first such line because the root cause is often printed long before the job
+# dies, and the tail then fills with teardown noise from other ranks. One alternation compiled
+# once: it runs on every ingested line, so it must cost about a microsecond.
+ERROR_START = re.compile(
+    r"Traceback \(most recent call last\)"
+    r"|\b(?:[A-Z][A-Za-z]*(?:Error|Exception)|KeyboardInterrupt|SystemExit)\b(?::|$)"
+    r"|\b(?:ERROR|FATAL|CRITICAL|Fatal error|Segmentation fault|Killed)\b"
+    r"|\bNCCL (?:WARN|ERROR)\b|ncclInternalError|ncclSystemError|ncclUnhandled"
+    r"|CUDA error|CUDA out of memory|out of memory|\bXid\b|ECC error"
+    r"|\berror:"
+    r"|srun: error|slurmstepd: error|\bexited with (?:exit )?code [1-9]"
+)
+
+
+def is_error_start(line: str) -> bool:
+    """True when ``line`` opens an error report (see :data:`ERROR_START`)."""
+    return ERROR_START.search(line) is not None
+
+
+@dataclass(frozen=True, slots=True)
+class LogWindow:
+    """What the stream kept of one job attempt's output.
+
+    ``tail`` holds the last lines in the order printed, bounded by lines and bytes;
+    ``first_error`` the first error block seen (it may also be part of the tail);
+    ``line_count`` every line the attempt printed, kept or not.
+    """
+
+    job_id: str
+    attempt: int
+    tail: list[str]
+    first_error: list[str] = field(default_factory=list)
+    line_count: int = 0
+
+    @property
+    def empty(self) -> bool:
+        return not self.tail and not self.first_error
+
+
+@dataclass(frozen=True, slots=True)
+class Prediction:
+    """A model's judgement of one window.
+
+    ``confidence`` is the calibrated probability of ``verdict`` (for ``unknown``, of the class
+    the model leaned to); ``evidence`` the few lines that drove it, already masked of secrets.
+    """
+
+    verdict: VerdictLabel
+    confidence: float
+    category: str
+    evidence: list[str]
+
+
+@runtime_checkable
+class Classifier(Protocol):
+    """Anything that turns a micro-batch of windows into predictions.
+
+    ``predict`` blocks (it may run a GPU kernel), so the agents call it from a worker thread,
+    never from the event loop.
+    """
+
+    @property
+    def version(self) -> str:
+        """Identifies the model in every decision it makes."""
+        ...
+
+    def predict(self, windows: Sequence[LogWindow]) -> list[Prediction]:
+        """One prediction per window, in order."""
+        ...

@@ -1,0 +1,1 @@
+"""Start and stop the Kafka-compatible brokers Sibylla runs on."""

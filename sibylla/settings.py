@@ -1,0 +1,236 @@
+"""All of Sibylla's configuration, in one frozen, typed object.
+
+Every setting comes from a ``SIBYLLA_<NAME>`` environment variable or the matching
+``--<name>`` flag (flags win). Values are parsed strictly: a boolean is one of
+true/false/1/0/yes/no/on/off, never "any non-empty string" (faust's trap), and a bad value stops
+start-up with one line naming the setting, so a typo in a deployment manifest is caught at once
+rather than as odd behaviour hours later.
+"""
+
+import argparse
+import dataclasses
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal, get_args
+
+__all__ = ["Settings", "SettingsError", "add_settings_arguments", "settings_from_args"]
+
+ENV_PREFIX = "SIBYLLA_"
+
+SecurityProtocol = Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"]
+SaslMechanism = Literal["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"]
+StoreKind = Literal["rocksdb", "memory"]
+DeviceChoice = Literal["auto", "cpu", "cuda"]
+
+
+class SettingsError(ValueError):
+    """A setting has a value Sibylla cannot use; the message names the setting."""
+
+
+def _setting(default: Any, help: str, **extra: Any) -> Any:
+    return field(default=default, metadata={"help": help, **extra})
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Runtime configuration. Build it with :meth:`from_env` or :func:`settings_from_args`."""
+
+    # --- Kafka connection -------------------------------------------------------------------
+    bootstrap_servers: str = _setting(
+        "", "Kafka bootstrap servers, host:port[,host:port]. Empty: the demo starts Tansu."
+    )
+    topic_prefix: str = _setting("sibylla.", "Prefix of every Sibylla topic.")
+    partitions: int = _setting(4, "Partitions of sibylla.logs and sibylla.job-events.", min=1)
+    replication_factor: int = _setting(1, "Replication factor of topics Sibylla creates.", min=1)
+    group_id: str = _setting("sibylla", "Consumer group (faust app id) of the workers.")
+    security_protocol: SecurityProtocol = _setting("PLAINTEXT", "Kafka security protocol.")
+    sasl_mechanism: SaslMechanism = _setting("PLAIN", "SASL mechanism when SASL is used.")
+    sasl_username: str = _setting("", "SASL user name.")
+    sasl_password: str = _setting("", "SASL password (never printed).", secret=True)
+    ssl_cafile: str = _setting("", "CA bundle for SSL.")
+    ssl_certfile: str = _setting("", "Client certificate for SSL.")
+    ssl_keyfile: str = _setting("", "Client key for SSL.")
+    session_timeout_ms: int = _setting(
+        6000, "Consumer session timeout; a dead worker's partitions move after this.", min=1000
+    )
+
+    # --- log windows --------------------------------------------------------------------------
+    window_max_lines: int = _setting(256, "Tail lines kept per job attempt.", min=1)
+    window_max_bytes: int = _setting(65536, "Tail bytes kept per job attempt.", min=256)
+    first_error_max_lines: int = _setting(
+        48, "Lines kept of the first error block (the root cause).", min=0
+    )
+    max_line_bytes: int = _setting(
+        16384, "Longer lines are rejected to the dead-letter topic.", min=64
+    )
+    window_ttl_s: float = _setting(
+        7 * 24 * 3600.0, "Windows of jobs silent this long are dropped.", min=1.0
+    )
+    grace_period_s: float = _setting(
+        2.0, "After a failed job ends, wait this long for late log lines.", min=0.0
+    )
+
+    # --- inference ----------------------------------------------------------------------------
+    batch_max_windows: int = _setting(64, "Micro-batch size B for classification.", min=1)
+    batch_max_wait_ms: float = _setting(
+        20.0, "Longest wait T for a micro-batch to fill.", min=0.0
+    )
+    device: DeviceChoice = _setting("auto", "auto picks CUDA when present, else CPU.")
+    model_path: str = _setting("", "Model file; empty means the model shipped in the package.")
+    min_confidence: float = _setting(
+        0.0, "Below this confidence the verdict is unknown; 0 means the model's threshold.",
+        min=0.0, max=1.0,
+    )
+
+    # --- worker -------------------------------------------------------------------------------
+    store: StoreKind = _setting("rocksdb", "Table store: rocksdb (production) or memory.")
+    data_dir: Path = _setting(Path("sibylla-data"), "Where the worker keeps its table stores.")
+    web_host: str = _setting("127.0.0.1", "Bind address of the worker's HTTP server.")
+    web_port: int = _setting(6066, "Port of the worker's HTTP server (metrics, decisions).",
+                             min=0, max=65535)
+    log_level: Literal["debug", "info", "warning", "error"] = _setting("info", "Log level.")
+
+    # ------------------------------------------------------------------------------------------
+    def topic(self, name: str) -> str:
+        """Full topic name for a contract topic such as ``logs`` or ``decisions``."""
+        return f"{self.topic_prefix}{name}"
+
+    @property
+    def broker_url(self) -> str:
+        """The faust broker URL for the bootstrap servers."""
+        hosts = ";".join(h.strip() for h in self.bootstrap_servers.split(",") if h.strip())
+        return f"kafka://{hosts}"
+
+    def kafka_client_options(self) -> dict[str, Any]:
+        """Security options passed straight through to aiokafka clients."""
+        opts: dict[str, Any] = {"security_protocol": self.security_protocol}
+        if self.security_protocol.startswith("SASL"):
+            opts.update(
+                sasl_mechanism=self.sasl_mechanism,
+                sasl_plain_username=self.sasl_username,
+                sasl_plain_password=self.sasl_password,
+            )
+        if self.security_protocol.endswith("SSL"):
+            import ssl
+
+            context = ssl.create_default_context(cafile=self.ssl_cafile or None)
+            if self.ssl_certfile:
+                context.load_cert_chain(self.ssl_certfile, self.ssl_keyfile or None)
+            opts["ssl_context"] = context
+        return opts
+
+    def redacted(self) -> dict[str, Any]:
+        """The settings as a dict with secrets masked, safe to log."""
+        out: dict[str, Any] = {}
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            out[f.name] = "***" if f.metadata.get("secret") and value else value
+        return out
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None, **overrides: Any) -> "Settings":
+        """Settings from ``SIBYLLA_*`` variables, then ``overrides`` (already typed or str)."""
+        env = os.environ if env is None else env
+        values: dict[str, Any] = {}
+        for f in dataclasses.fields(cls):
+            raw = env.get(ENV_PREFIX + f.name.upper())
+            if raw is not None:
+                values[f.name] = _parse(f, raw, source=ENV_PREFIX + f.name.upper())
+        for name, value in overrides.items():
+            if value is None:
+                continue
+            f = _FIELDS.get(name)
+            if f is None:
+                raise SettingsError(f"unknown setting {name!r}")
+            values[name] = _parse(f, value, source=f"--{name.replace('_', '-')}")
+        return cls(**values)
+
+    def __post_init__(self) -> None:
+        for f in dataclasses.fields(self):
+            _check_bounds(f, getattr(self, f.name), f.name)
+        if self.security_protocol.startswith("SASL") and not self.sasl_username:
+            raise SettingsError("sasl_username: required when security_protocol uses SASL")
+
+
+_FIELDS = {f.name: f for f in dataclasses.fields(Settings)}
+
+_TRUE = {"1", "true", "yes", "on"}
+_FALSE = {"0", "false", "no", "off"}
+
+
+def _parse(f: dataclasses.Field[Any], raw: Any, source: str) -> Any:
+    t = f.type
+    if not isinstance(raw, str):
+        return raw
+    text = raw.strip()
+    try:
+        if t is bool:
+            low = text.lower()
+            if low in _TRUE:
+                return True
+            if low in _FALSE:
+                return False
+            raise ValueError("expected one of true/false/1/0/yes/no/on/off")
+        if t is int:
+            return int(text)
+        if t is float:
+            return float(text)
+        if t is Path:
+            return Path(text)
+        choices = get_args(t)
+        if choices:
+            if text in choices:
+                return text
+            if text.upper() in choices:
+                return text.upper()
+            if text.lower() in choices:
+                return text.lower()
+            raise ValueError(f"expected one of {', '.join(map(str, choices))}")
+        return raw
+    except ValueError as exc:
+        raise SettingsError(f"{source}={raw!r}: {exc}") from None
+
+
+def _check_bounds(f: dataclasses.Field[Any], value: Any, name: str) -> None:
+    lo, hi = f.metadata.get("min"), f.metadata.get("max")
+    if lo is not None and value < lo:
+        raise SettingsError(f"{name}={value!r}: must be >= {lo}")
+    if hi is not None and value > hi:
+        raise SettingsError(f"{name}={value!r}: must be <= {hi}")
+
+
+def add_settings_arguments(parser: argparse.ArgumentParser, only: set[str] | None = None) -> None:
+    """Add a ``--flag`` for every setting (or those in ``only``) to a CLI parser."""
+    group = parser.add_argument_group("settings (also SIBYLLA_<NAME> variables)")
+    for f in dataclasses.fields(Settings):
+        if only is not None and f.name not in only:
+            continue
+        group.add_argument(
+            f"--{f.name.replace('_', '-')}",
+            dest=f"setting_{f.name}",
+            default=None,
+            metavar=f.name.upper(),
+            help=f"{f.metadata['help']} (default: {f.default})",
+        )
+
+
+def settings_from_args(
+    args: argparse.Namespace, env: Mapping[str, str] | None = None, **defaults: Any
+) -> Settings:
+    """Settings from environment plus the flags added by :func:`add_settings_arguments`.
+
+    ``defaults`` apply only where neither a flag nor a variable set the value (the demo uses
+    this to default to the memory store, for instance).
+    """
+    env = os.environ if env is None else env
+    flags = {
+        name[len("setting_"):]: value
+        for name, value in vars(args).items()
+        if name.startswith("setting_") and value is not None
+    }
+    base = {k: v for k, v in defaults.items() if ENV_PREFIX + k.upper() not in env}
+    base.update(flags)
+    return Settings.from_env(env, **base)
+
