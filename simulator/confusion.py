@@ -24,7 +24,7 @@ _WRAPPERS = ("confusion_matrix", "confusion", "matrix_by_class")
 
 @dataclass(frozen=True, slots=True)
 class ConfusionMatrix:
-    """Counts (or rates) of predicted verdicts per true class; ``source`` says where they came from."""
+    """Counts (or rates) of predicted verdicts per true class, and where they came from."""
 
     counts: Mapping[str, Mapping[str, float]]
     source: str
@@ -51,13 +51,17 @@ class ConfusionMatrix:
         try:
             values = [float(v) for v in spec.split(",")]
         except ValueError:
-            raise ValueError(f"confusion numbers must be comma-separated numbers: {spec!r}") from None
+            raise ValueError(
+                f"confusion numbers must be comma-separated numbers: {spec!r}"
+            ) from None
         if len(values) == 4:
             values = [values[0], values[1], 0.0, values[2], values[3], 0.0]
         if len(values) != 6:
             raise ValueError("give 4 numbers (DD,DN,ND,NN) or 6 (DD,DN,DU,ND,NN,NU)")
-        rows = {c: dict(zip(PREDICTIONS, values[3 * k : 3 * k + 3], strict=True))
-                for k, c in enumerate(CLASSES)}
+        rows = {
+            c: dict(zip(PREDICTIONS, values[3 * k : 3 * k + 3], strict=True))
+            for k, c in enumerate(CLASSES)
+        }
         return cls(rows, f"command line {spec}")
 
     @classmethod
@@ -69,8 +73,7 @@ def _rows_from_lists(labels: Sequence[str], matrix: Sequence[Sequence[float]]) -
     if len(matrix) != len(labels) or any(len(r) != len(labels) for r in matrix):
         raise ValueError("confusion matrix must be square with one row per label")
     return {
-        true: {pred: matrix[i][j] for j, pred in enumerate(labels)}
-        for i, true in enumerate(labels)
+        true: {pred: matrix[i][j] for j, pred in enumerate(labels)} for i, true in enumerate(labels)
     }
 
 

@@ -3,8 +3,9 @@
 Futile retries are retry attempts (not first attempts) that failed: GPU time a perfect policy
 would not have spent. JCT runs from submission to the end of a job's last attempt, whatever its
 fate; queueing delay sums the waits before each of its attempts. Utilization is busy GPU time
-over capacity from the first arrival to the last end; "useful" is the share of that busy time
-spent on attempts that did not fail.
+over capacity; "useful" is the share of that busy time
+spent on attempts that did not fail. Both are reckoned over the arrival window (first to last
+submission) so that the drain of a few long jobs after the last arrival does not dilute them.
 """
 
 from __future__ import annotations
@@ -13,10 +14,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
-
 from sibylla.simulator.scheduler import SimResult
 
-__all__ = ["PolicyMetrics", "format_table", "jct_hours", "measure"]
+__all__ = ["PolicyMetrics", "deterministic_shares", "format_table", "jct_hours", "measure"]
 
 HOUR_S = 3600.0
 
@@ -43,20 +43,23 @@ def jct_hours(result: SimResult) -> np.ndarray:
 
 
 def measure(result: SimResult) -> PolicyMetrics:
-    busy = futile = failed = 0.0
-    queue = 0.0
+    first = min(j.submit for j in result.jobs)
+    last = max(j.submit for j in result.jobs)
+    busy = futile = failed = queue = window_busy = window_failed = 0.0
     for a in result.attempts:
         gpu_s = a.gpus * (a.end - a.start)
         busy += gpu_s
         queue += a.start - a.enqueued
+        in_window = a.gpus * max(0.0, min(a.end, last) - max(a.start, first))
+        window_busy += in_window
         if a.result == "failed":
             failed += gpu_s
+            window_failed += in_window
             if a.number > 0:
                 futile += gpu_s
     n = len(result.jobs)
     jct = jct_hours(result)
-    first = min(j.submit for j in result.jobs)
-    span = max(result.finished) - first
+    span = last - first
     return PolicyMetrics(
         policy=result.policy,
         jobs=n,
@@ -67,8 +70,8 @@ def measure(result: SimResult) -> PolicyMetrics:
         mean_jct_h=float(jct.mean()),
         p95_jct_h=float(np.percentile(jct, 95)),
         mean_queue_h=queue / n / HOUR_S,
-        utilization=busy / (result.total_gpus * span) if span > 0 else 0.0,
-        useful_share=(busy - failed) / busy if busy else 0.0,
+        utilization=window_busy / (result.total_gpus * span) if span > 0 else 0.0,
+        useful_share=(window_busy - window_failed) / window_busy if window_busy else 0.0,
     )
 
 
@@ -90,3 +93,16 @@ def format_table(rows: Sequence[PolicyMetrics], baseline: str | None = None) -> 
             line += f"   JCT {r.mean_jct_h / base.mean_jct_h - 1:+.1%}"
         lines.append(line)
     return "\n".join(lines)
+
+
+def deterministic_shares(result: SimResult) -> tuple[float, float]:
+    """Share of jobs, and of busy GPU time, that deterministic failures account for."""
+    jobs = result.jobs
+    job_share = sum(j.outcome == "deterministic" for j in jobs) / len(jobs)
+    busy = det = 0.0
+    for a in result.attempts:
+        gpu_s = a.gpus * (a.end - a.start)
+        busy += gpu_s
+        if jobs[a.job].outcome == "deterministic":
+            det += gpu_s
+    return job_share, det / busy if busy else 0.0

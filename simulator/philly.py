@@ -18,7 +18,6 @@ from pathlib import Path
 from typing import Any
 
 import orjson
-
 from sibylla.simulator.jobs import Job
 
 __all__ = ["PhillyTrace", "jobs_from_philly", "read_philly"]

@@ -14,7 +14,6 @@ import math
 from dataclasses import dataclass, field
 
 import numpy as np
-
 from sibylla.simulator.jobs import Job
 
 __all__ = [
@@ -62,10 +61,11 @@ class PhillyLikeParams:
     gpu_mix: dict[int, float] = field(
         default_factory=lambda: {1: 0.68, 2: 0.08, 4: 0.10, 8: 0.11, 16: 0.02, 32: 0.01}
     )
-    # assumption: log-normal run time of a successful attempt, median 30 min, heavy tail
-    # (sigma 1.6 puts the 99th percentile near 2 days).
-    median_duration_s: float = 1_800.0
+    # assumption: log-normal run time of a successful attempt, median 2 h, heavy tail
+    # (sigma 1.6 puts the 99th percentile near 3 days), cut at three weeks.
+    median_duration_s: float = 7_200.0
     duration_sigma: float = 1.6
+    max_duration_s: float = 21 * DAY_S
     # published evaluation: deterministic failures were 5-23% of jobs; 14% is inside the range.
     p_deterministic: float = 0.14
     # assumption: failures from the environment (collective timeouts, node faults, I/O).
@@ -80,7 +80,7 @@ class PhillyLikeParams:
 
 
 def generate(n_jobs: int, params: PhillyLikeParams | None = None, seed: int = 0) -> list[Job]:
-    """``n_jobs`` jobs with Poisson arrivals, in submit order; the same seed gives the same trace."""
+    """``n_jobs`` jobs with Poisson arrivals in submit order; a seed always gives one trace."""
     p = params or PhillyLikeParams()
     shares = p.p_deterministic + p.p_nondeterministic + p.p_killed
     if not 0 <= shares <= 1:
@@ -90,8 +90,10 @@ def generate(n_jobs: int, params: PhillyLikeParams | None = None, seed: int = 0)
     sizes = np.array(list(p.gpu_mix), dtype=np.int64)
     weights = np.array(list(p.gpu_mix.values()), dtype=float)
     gpus = rng.choice(sizes, size=n_jobs, p=weights / weights.sum())
-    duration = np.maximum(
-        rng.lognormal(math.log(p.median_duration_s), p.duration_sigma, n_jobs), 60.0
+    duration = np.clip(
+        rng.lognormal(math.log(p.median_duration_s), p.duration_sigma, n_jobs),
+        60.0,
+        p.max_duration_s,
     )
     outcome_names = np.array(["deterministic", "nondeterministic", "killed", "pass"])
     outcome_p = [p.p_deterministic, p.p_nondeterministic, p.p_killed, 1.0 - shares]
@@ -133,7 +135,9 @@ def servers_for_load(jobs: list[Job], gpus_per_server: int, load: float) -> int:
     """
     if not jobs or not 0 < load:
         raise ValueError("need jobs and a positive load")
-    work = sum(j.gpus * (j.fail_after if j.outcome == "deterministic" else j.duration) for j in jobs)
+    work = sum(
+        j.gpus * (j.fail_after if j.outcome == "deterministic" else j.duration) for j in jobs
+    )
     span = max(j.submit for j in jobs) - min(j.submit for j in jobs) or 1.0
     largest = max(j.gpus for j in jobs)
     return max(math.ceil(work / (span * gpus_per_server * load)), -(-largest // gpus_per_server))

@@ -1,0 +1,129 @@
+"""PNG plots for the two commands; matplotlib is imported here only, and only when plotting."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+import numpy as np
+from sibylla.simulator.metrics import PolicyMetrics
+
+__all__ = ["plot_ettr", "plot_gpu_hours", "plot_jct_cdf", "plot_mttf"]
+
+
+def _pyplot():  # type: ignore[no-untyped-def]
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def _save(fig, path: Path) -> Path:  # type: ignore[no-untyped-def]
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+    _pyplot().close(fig)
+    return path
+
+
+def plot_gpu_hours(rows: Sequence[PolicyMetrics], path: Path) -> Path:
+    """GPU-hours on futile retries and on all failed attempts, by policy."""
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(6, 3.5))
+    x = np.arange(len(rows))
+    ax.bar(x - 0.2, [r.failed_gpu_h for r in rows], 0.4, label="all failed attempts")
+    ax.bar(x + 0.2, [r.futile_retry_gpu_h for r in rows], 0.4, label="futile retries")
+    ax.set_xticks(x, [r.policy for r in rows])
+    ax.set_ylabel("GPU-hours")
+    ax.set_title("GPU time lost to failures, by retry policy")
+    ax.legend()
+    return _save(fig, path)
+
+
+def plot_jct_cdf(jct_by_policy: Mapping[str, np.ndarray], path: Path) -> Path:
+    """Empirical CDF of job completion time (log scale), one line per policy."""
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(6, 3.5))
+    for name, jct in jct_by_policy.items():
+        values = np.sort(np.maximum(jct, 1e-3))
+        ax.plot(values, np.arange(1, values.size + 1) / values.size, label=name)
+    ax.set_xscale("log")
+    ax.set_xlabel("job completion time (hours)")
+    ax.set_ylabel("fraction of jobs")
+    ax.set_title("JCT CDF")
+    ax.grid(alpha=0.3)
+    ax.legend()
+    return _save(fig, path)
+
+
+def plot_mttf(
+    gpus: Sequence[int],
+    mttf_h: Sequence[float],
+    published: Mapping[int, float],
+    label: str,
+    path: Path,
+) -> Path:
+    """MTTF against job size, log-log, with the published points marked."""
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(6, 3.5))
+    ax.loglog(gpus, mttf_h, marker="o", label=label)
+    if published:
+        ax.scatter(
+            list(published),
+            list(published.values()),
+            marker="x",
+            s=80,
+            color="red",
+            zorder=3,
+            label="published (Kokolis et al.)",
+        )
+    ax.set_xlabel("GPUs in the job")
+    ax.set_ylabel("MTTF (hours)")
+    ax.set_title("Mean time to failure vs job size")
+    ax.grid(alpha=0.3, which="both")
+    ax.legend()
+    return _save(fig, path)
+
+
+def plot_ettr(
+    intervals_h: Sequence[float],
+    curves: Mapping[str, Sequence[float]],
+    monte_carlo: tuple[Sequence[float], Sequence[float], Sequence[float]],
+    optimum: tuple[float, float],
+    title: str,
+    path: Path,
+) -> Path:
+    """ETTR against checkpoint interval: model curves, Monte Carlo points, optimum marked."""
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(6, 3.5))
+    minutes = np.asarray(intervals_h) * 60
+    for name, values in curves.items():
+        ax.plot(minutes, values, label=name)
+    mc_x, mc_y, mc_err = monte_carlo
+    ax.errorbar(
+        np.asarray(mc_x) * 60,
+        mc_y,
+        yerr=np.asarray(mc_err) * 2,
+        fmt="o",
+        ms=4,
+        label="Monte Carlo (±2 s.e.)",
+    )
+    ax.axvline(optimum[0] * 60, color="grey", ls="--")
+    ax.scatter(
+        [optimum[0] * 60],
+        [optimum[1]],
+        marker="*",
+        s=150,
+        color="red",
+        zorder=3,
+        label=f"optimum {optimum[0] * 60:.0f} min, ETTR {optimum[1]:.3f}",
+    )
+    ax.set_xscale("log")
+    ax.set_xlabel("checkpoint interval (minutes)")
+    ax.set_ylabel("ETTR")
+    ax.set_title(title)
+    ax.grid(alpha=0.3, which="both")
+    ax.legend(fontsize=8)
+    return _save(fig, path)
