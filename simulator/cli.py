@@ -74,7 +74,7 @@ def register(subparsers: Any) -> None:
         "--model-logs",
         nargs="+",
         metavar="JSONL",
-        help="labelled logs for --model (default: the classifier's packaged data)",
+        help="labelled logs for --model (default: the classifier's log generator)",
     )
     sim.add_argument("--out", default="simulation", help="folder for the plots")
     sim.add_argument("--no-plots", action="store_true")

@@ -61,7 +61,12 @@ def _matrix(args: argparse.Namespace) -> ConfusionMatrix:
 
 
 def _model_policy(args: argparse.Namespace, jobs: list[Job]) -> RetryPolicy:
-    from sibylla.simulator.model_policy import load_corpus, model_verdicts, packaged_corpus
+    from sibylla.simulator.model_policy import (
+        corpus_logs,
+        generated_logs,
+        load_corpus,
+        model_verdicts,
+    )
 
     try:
         from sibylla.inference import load_classifier  # type: ignore[attr-defined]
@@ -69,12 +74,12 @@ def _model_policy(args: argparse.Namespace, jobs: list[Job]) -> RetryPolicy:
         raise SystemExit(
             "sibylla simulate --model: the classifier package has no load_classifier"
         ) from None
-    paths = args.model_logs or packaged_corpus()
-    if not paths:
-        raise SystemExit("sibylla simulate --model: give --model-logs (labelled JSON Lines)")
-    classifier = load_classifier(args.model) if args.model else load_classifier()
-    verdicts = model_verdicts(jobs, classifier, load_corpus(paths), seed=args.seed)
-    return VerdictPolicy(verdicts, args.max_retries)
+    classifier = load_classifier(args.model or None)
+    if args.model_logs:
+        logs = corpus_logs(jobs, load_corpus(args.model_logs), args.seed)
+    else:
+        logs = generated_logs(jobs, args.seed)
+    return VerdictPolicy(model_verdicts(classifier, logs), args.max_retries)
 
 
 def run_simulate(args: argparse.Namespace) -> int:

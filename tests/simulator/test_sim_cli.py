@@ -1,0 +1,76 @@
+"""The two commands as an operator runs them."""
+
+from __future__ import annotations
+
+import json
+import re
+
+from sibylla.cli import main
+
+
+def test_simulate_prints_every_policy_as_json(capsys, tmp_path):
+    code = main(
+        [
+            "simulate",
+            "--jobs",
+            "1500",
+            "--json",
+            "--confusion",
+            "90,10,3,97",
+            "--out",
+            str(tmp_path),
+        ]
+    )
+    report = json.loads(capsys.readouterr().out)
+    assert code == 0
+    assert [p["policy"] for p in report["policies"]] == ["fixed-3", "never", "oracle", "sibylla"]
+    assert report["confusion_source"].startswith("command line")
+    assert (tmp_path / "gpu_hours_by_policy.png").stat().st_size > 0
+    assert (tmp_path / "jct_cdf.png").stat().st_size > 0
+
+
+def test_simulate_table_says_when_the_matrix_is_assumed(capsys):
+    assert main(["simulate", "--jobs", "800", "--no-plots", "--servers", "20"]) == 0
+    out = capsys.readouterr().out
+    assert "ASSUMED" in out and "20 servers x 8 GPUs" in out and "sibylla" in out
+
+
+def test_reliability_reports_the_published_mttf_and_plots(capsys, tmp_path):
+    assert main(["reliability", "--replicas", "200", "--out", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "6.500e-03" in out
+    assert re.search(r"\b16,384\s+2,048\s+1\.80\s", out)  # GPUs, nodes, MTTF hours
+    assert re.search(r"\b131,072\s+16,384\s+0\.23\s", out)
+    assert (tmp_path / "mttf_vs_gpus.png").exists() and (tmp_path / "ettr_vs_interval.png").exists()
+
+
+def test_reliability_estimates_the_rate_from_job_events(capsys, tmp_path):
+    events = tmp_path / "events.jsonl"
+    lines = []
+    for i in range(10):
+        lines.append(
+            {
+                "job_id": f"j{i}",
+                "attempt": 0,
+                "event": "started",
+                "ts": 0,
+                "nodes": ["a", "b"],
+                "gpus": 16,
+            }
+        )
+        lines.append(
+            {
+                "job_id": f"j{i}",
+                "attempt": 0,
+                "event": "finished",
+                "ts": 86_400 * 5,
+                "state": "NODE_FAIL" if i < 2 else "COMPLETED",
+                "nodes": ["a", "b"],
+                "gpus": 16,
+            }
+        )
+    events.write_text("\n".join(json.dumps(x) for x in lines) + "\nnot json\n")
+    assert main(["reliability", "--events", str(events), "--no-plots", "--replicas", "50"]) == 0
+    out = capsys.readouterr().out
+    assert "r_f = 2.000e-02" in out  # 2 failures over 100 node-days
+    assert "95% CI" in out and "1 bad records" in out

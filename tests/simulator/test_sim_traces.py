@@ -1,0 +1,109 @@
+"""Where jobs come from: the Philly reader and the Philly-like generator."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from sibylla.simulator.metrics import deterministic_shares
+from sibylla.simulator.philly import jobs_from_philly, read_philly
+from sibylla.simulator.policies import FixedRetries
+from sibylla.simulator.scheduler import simulate
+from sibylla.simulator.synthetic import generate, servers_for_load
+
+
+def attempt(start, end, gpus=2, host="m1"):
+    return {
+        "start_time": start,
+        "end_time": end,
+        "detail": [{"ip": host, "gpus": [f"gpu{i}" for i in range(gpus)]}],
+    }
+
+
+PHILLY = [
+    {
+        "status": "Pass",
+        "jobid": "p",
+        "submitted_time": "2017-10-07 01:00:00",
+        "attempts": [attempt("2017-10-07 01:00:10", "2017-10-07 02:00:10")],
+    },
+    {
+        "status": "Pass",
+        "jobid": "n",
+        "submitted_time": "2017-10-07 01:00:30",
+        "attempts": [
+            attempt("2017-10-07 01:01:00", "2017-10-07 01:11:00", gpus=8),
+            attempt("2017-10-07 01:12:00", "2017-10-07 03:12:00", gpus=8),
+        ],
+    },
+    {
+        "status": "Failed",
+        "jobid": "d",
+        "submitted_time": "2017-10-07 01:02:00",
+        "attempts": [
+            attempt("2017-10-07 01:02:00", "2017-10-07 01:07:00"),
+            attempt("2017-10-07 01:08:00", "2017-10-07 01:13:00"),
+        ],
+    },
+    {
+        "status": "Killed",
+        "jobid": "k",
+        "submitted_time": "2017-10-07 01:03:00",
+        "attempts": [attempt("2017-10-07 01:03:00", "2017-10-07 04:03:00")],
+    },
+    {
+        "status": "Pass",
+        "jobid": "running",
+        "submitted_time": "2017-10-07 01:04:00",
+        "attempts": [attempt("2017-10-07 01:04:00", None)],
+    },
+    {"status": "Failed", "jobid": "never", "submitted_time": "2017-10-07 01:05:00", "attempts": []},
+]
+
+
+def test_philly_jobs_get_their_failure_class_from_their_attempts(tmp_path):
+    path = tmp_path / "cluster_job_log"
+    path.write_text(json.dumps(PHILLY))
+    trace = read_philly(path)
+    got = {j.job_id: j for j in trace.jobs}
+    assert {k: j.outcome for k, j in got.items()} == {
+        "p": "pass",
+        "n": "nondeterministic",
+        "d": "deterministic",
+        "k": "killed",
+    }
+    assert got["p"].submit == 0 and got["p"].duration == 3600 and got["p"].gpus == 2
+    assert (got["n"].fail_after, got["n"].duration, got["n"].gpus) == (600, 7200, 8)
+    assert got["d"].fail_after == 300
+    assert trace.skipped == {"attempt without start or end time": 1, "no attempts": 1}
+
+
+def test_a_philly_trace_replays():
+    jobs = jobs_from_philly(PHILLY).jobs
+    result = simulate(jobs, FixedRetries(3), servers=2, gpus_per_server=8)
+    assert sorted(result.status) == ["failed", "killed", "pass", "pass"]
+
+
+def test_same_seed_same_trace_and_sizes_come_from_the_mix():
+    a, b = generate(500, seed=4), generate(500, seed=4)
+    assert a == b
+    assert a != generate(500, seed=5)
+    assert {j.gpus for j in a} <= {1, 2, 4, 8, 16, 32}
+    assert all(x.submit <= y.submit for x, y in zip(a, a[1:], strict=False))
+
+
+def test_synthetic_trace_lands_in_the_published_failure_ranges():
+    # Published Philly replay: deterministic failures were 5-23% of jobs, 12-20% of GPU-hours.
+    jobs = generate(20_000, seed=11)
+    result = simulate(jobs, FixedRetries(3), servers_for_load(jobs, 8, 0.7))
+    job_share, gpu_share = deterministic_shares(result)
+    assert 0.05 <= job_share <= 0.23
+    assert 0.12 <= gpu_share <= 0.20
+
+
+def test_cluster_is_sized_for_the_load_but_never_below_the_largest_job():
+    jobs = generate(2000, seed=1)
+    assert servers_for_load(jobs, 8, 0.5) > servers_for_load(jobs, 8, 0.9)
+    assert servers_for_load(jobs, 8, 1e6) == 4  # 32-GPU jobs need four 8-GPU servers
+    with pytest.raises(ValueError):
+        servers_for_load([], 8, 0.5)
