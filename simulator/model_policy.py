@@ -18,16 +18,16 @@ from pathlib import Path
 from typing import Any
 
 import orjson
+from sibylla.inference.taxonomy import DETERMINISTIC, NONDETERMINISTIC
 from sibylla.simulator.jobs import FAILING, Job
-from sibylla.simulator.synthetic import DETERMINISTIC_CATEGORIES, NONDETERMINISTIC_CATEGORIES
 
 __all__ = ["corpus_logs", "generated_logs", "load_corpus", "model_verdicts"]
 
 TAIL_LINES = 50
 FIRST_ERROR_LINES = 20
 _CATEGORIES = {
-    "deterministic": DETERMINISTIC_CATEGORIES,
-    "nondeterministic": NONDETERMINISTIC_CATEGORIES,
+    "deterministic": DETERMINISTIC,
+    "nondeterministic": NONDETERMINISTIC,
 }
 
 

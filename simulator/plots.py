@@ -20,7 +20,13 @@ def _pyplot():  # type: ignore[no-untyped-def]
     return plt
 
 
-def _save(fig, path: Path) -> Path:  # type: ignore[no-untyped-def]
+def _save(fig, ax, labels: tuple[str, str, str], path: Path) -> Path:  # type: ignore[no-untyped-def]
+    """Label the axes (x, y, title), add the grid and legend, write the PNG."""
+    ax.set_xlabel(labels[0])
+    ax.set_ylabel(labels[1])
+    ax.set_title(labels[2])
+    ax.grid(alpha=0.3, which="both")
+    ax.legend(fontsize=8)
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.tight_layout()
     fig.savefig(path, dpi=90)
@@ -36,10 +42,7 @@ def plot_gpu_hours(rows: Sequence[PolicyMetrics], path: Path) -> Path:
     ax.bar(x - 0.2, [r.failed_gpu_h for r in rows], 0.4, label="all failed attempts")
     ax.bar(x + 0.2, [r.futile_retry_gpu_h for r in rows], 0.4, label="futile retries")
     ax.set_xticks(x, [r.policy for r in rows])
-    ax.set_ylabel("GPU-hours")
-    ax.set_title("GPU time lost to failures, by retry policy")
-    ax.legend()
-    return _save(fig, path)
+    return _save(fig, ax, ("", "GPU-hours", "GPU time lost to failures, by retry policy"), path)
 
 
 def plot_jct_cdf(jct_by_policy: Mapping[str, np.ndarray], path: Path) -> Path:
@@ -50,12 +53,7 @@ def plot_jct_cdf(jct_by_policy: Mapping[str, np.ndarray], path: Path) -> Path:
         values = np.sort(np.maximum(jct, 1e-3))
         ax.plot(values, np.arange(1, values.size + 1) / values.size, label=name)
     ax.set_xscale("log")
-    ax.set_xlabel("job completion time (hours)")
-    ax.set_ylabel("fraction of jobs")
-    ax.set_title("JCT CDF")
-    ax.grid(alpha=0.3)
-    ax.legend()
-    return _save(fig, path)
+    return _save(fig, ax, ("job completion time (hours)", "fraction of jobs", "JCT CDF"), path)
 
 
 def plot_mttf(
@@ -79,12 +77,8 @@ def plot_mttf(
             zorder=3,
             label="published (Kokolis et al.)",
         )
-    ax.set_xlabel("GPUs in the job")
-    ax.set_ylabel("MTTF (hours)")
-    ax.set_title("Mean time to failure vs job size")
-    ax.grid(alpha=0.3, which="both")
-    ax.legend()
-    return _save(fig, path)
+    labels = ("GPUs in the job", "MTTF (hours)", "Mean time to failure vs job size")
+    return _save(fig, ax, labels, path)
 
 
 def plot_ettr(
@@ -121,9 +115,4 @@ def plot_ettr(
         label=f"optimum {optimum[0] * 60:.0f} min, ETTR {optimum[1]:.3f}",
     )
     ax.set_xscale("log")
-    ax.set_xlabel("checkpoint interval (minutes)")
-    ax.set_ylabel("ETTR")
-    ax.set_title(title)
-    ax.grid(alpha=0.3, which="both")
-    ax.legend(fontsize=8)
-    return _save(fig, path)
+    return _save(fig, ax, ("checkpoint interval (minutes)", "ETTR", title), path)

@@ -14,40 +14,16 @@ import math
 from dataclasses import dataclass, field
 
 import numpy as np
+from sibylla.inference.taxonomy import DETERMINISTIC, NONDETERMINISTIC
 from sibylla.simulator.jobs import Job
 
 __all__ = [
-    "DETERMINISTIC_CATEGORIES",
-    "NONDETERMINISTIC_CATEGORIES",
     "PhillyLikeParams",
     "generate",
     "servers_for_load",
 ]
 
 DAY_S = 86_400.0
-
-# TAXONOMY.md's categories; a generated failure carries one so that the model-driven policy can
-# be shown a log of the right kind.
-DETERMINISTIC_CATEGORIES = (
-    "syntax_error",
-    "python_runtime_error",
-    "import_error",
-    "shape_dtype_device_mismatch",
-    "config_error",
-    "missing_file_or_permission",
-    "gpu_out_of_memory",
-    "framework_api_misuse",
-    "numerical_error",
-)
-NONDETERMINISTIC_CATEGORIES = (
-    "collective_timeout",
-    "nccl_network_error",
-    "connection_error",
-    "gpu_hardware_error",
-    "node_failure_or_preemption",
-    "filesystem_io_error",
-    "remote_service_error",
-)
 
 
 @dataclass(frozen=True, slots=True)
@@ -101,15 +77,15 @@ def generate(n_jobs: int, params: PhillyLikeParams | None = None, seed: int = 0)
     u = rng.random(n_jobs)
     fail_frac = np.where(outcome == 0, u**p.deterministic_fail_power, u)
     fail_after = np.maximum(duration * fail_frac, 1.0)
-    det_cat = rng.integers(len(DETERMINISTIC_CATEGORIES), size=n_jobs)
-    nondet_cat = rng.integers(len(NONDETERMINISTIC_CATEGORIES), size=n_jobs)
+    det_cat = rng.integers(len(DETERMINISTIC), size=n_jobs)
+    nondet_cat = rng.integers(len(NONDETERMINISTIC), size=n_jobs)
     jobs = []
     for i in range(n_jobs):
         o = int(outcome[i])
         category = (
-            DETERMINISTIC_CATEGORIES[det_cat[i]]
+            DETERMINISTIC[det_cat[i]]
             if o == 0
-            else NONDETERMINISTIC_CATEGORIES[nondet_cat[i]]
+            else NONDETERMINISTIC[nondet_cat[i]]
             if o == 1
             else ""
         )
