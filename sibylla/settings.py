@@ -72,6 +72,11 @@ class Settings:
         2.0, "After a failed job ends, wait this long for late log lines.", min=0.0
     )
 
+    field_map: str = _setting(
+        "", "Where a shipper's native record keeps contract fields, e.g. "
+        "'line=log,job_id=kubernetes.labels.job-name' (dotted paths)."
+    )
+
     # --- inference ----------------------------------------------------------------------------
     batch_max_windows: int = _setting(64, "Micro-batch size B for classification.", min=1)
     batch_max_wait_ms: float = _setting(

@@ -1,0 +1,288 @@
+"""The worker's agents: ingest logs, track terminations, decide.
+
+Data flow (all topics keyed by job_id and co-partitioned, every agent isolated per partition so
+a batch of events and the table writes it causes belong to one partition):
+
+    logs ──────────► ingest ──► windows table (tail + first error block per attempt)
+    job-events ────► terminations ──► pending table ──┐ (after the grace period, or at once
+                                                      │  when the shipper marked end of stream)
+    decide-requests ◄─────────────────────────────────┘
+          └──────► decide ──► micro-batcher ──► model ──► decisions topic, decided table
+
+At least once: an event is acknowledged only after its table writes and sends are queued, and
+faust flushes the producer before it commits offsets (sends use ``force=True``: faust would
+otherwise hold them back until the next commit, adding up to a commit interval of latency),
+so a crash replays events whose effects may be lost and loses nothing. Replays are idempotent:
+an attempt found in the decided table is never classified again, so it never gets a second,
+different verdict.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import orjson
+from faust.types import TP
+from sibylla.inference.api import Classifier, LogWindow, Prediction
+from sibylla.schemas.records import (
+    DeadLetter,
+    FieldMap,
+    JobEvent,
+    RecordError,
+    parse_job_event,
+    parse_log_record,
+)
+from sibylla.streams.app import Topology
+from sibylla.streams.batcher import MicroBatcher
+from sibylla.streams.keys import attempt_key, partition_of, split_key
+from sibylla.streams.metrics import WorkerMetrics
+from sibylla.streams.policy import make_decision
+from sibylla.streams.state import WindowCache, live_items
+from sibylla.streams.window import WindowLimits
+
+__all__ = ["Pipeline"]
+
+log = logging.getLogger(__name__)
+
+INGEST_BATCH = 4096  # messages per ingest batch: one table write per touched window
+INGEST_WITHIN_S = 0.05
+EVENTS_BATCH = 512
+EVENTS_WITHIN_S = 0.01
+SWEEP_EVERY_S = 30.0
+REQUEST_RETRY_S = 10.0  # re-request a decision not made within this (e.g. after a crash)
+
+
+class Pipeline:
+    """Registers the agents, timers and pages of a worker on a :class:`Topology`."""
+
+    def __init__(self, topology: Topology, classifier: Classifier,
+                 metrics: WorkerMetrics | None = None) -> None:
+        self.t = topology
+        self.settings = s = topology.settings
+        self.classifier = classifier
+        self.metrics = metrics or WorkerMetrics()
+        self.metrics.set_model(classifier.version)
+        self.limits = WindowLimits(s.window_max_lines, s.window_max_bytes,
+                                   s.first_error_max_lines)
+        self.cache = WindowCache(topology.windows, self.limits, s.partitions)
+        self.field_map = FieldMap.parse(s.field_map)
+        self.batcher: MicroBatcher[LogWindow, Prediction] = MicroBatcher(
+            classifier.predict, s.batch_max_windows, s.batch_max_wait_ms / 1000.0,
+            on_batch=self.metrics.on_batch,
+        )
+        self._requested: dict[str, float] = {}  # attempt key -> when a decision was requested
+        self._last_sweep: dict[int, float] = {}
+
+    # ---------------------------------------------------------------- set-up
+    def register(self) -> None:
+        app = self.t.app
+        app.agent(self.t.logs, name="ingest", isolated_partitions=True)(self._ingest)
+        app.agent(self.t.job_events, name="terminations", isolated_partitions=True)(
+            self._terminations)
+        app.agent(self.t.decide_requests, name="decide", isolated_partitions=True)(self._decide)
+        app.timer(0.25, name="request_due_decisions")(self._request_due_decisions)
+        app.on_partitions_revoked.connect(self._on_revoked)
+
+    def swap_classifier(self, classifier: Classifier) -> None:
+        """Use another model from the next micro-batch on (the running batch finishes)."""
+        self.classifier = classifier
+        self.batcher.swap(classifier.predict)
+        self.metrics.set_model(classifier.version)
+
+    async def _on_revoked(self, app: Any, revoked: set[TP], **_: Any) -> None:
+        for tp in revoked:
+            if tp.topic == self.t.logs.get_topic_name():
+                self.cache.forget(tp.partition)
+
+    # ---------------------------------------------------------------- helpers
+    async def _dead_letter(self, event: Any, reason: str, agent: str) -> None:
+        msg = event.message
+        letter = DeadLetter(reason, msg.topic, msg.partition, msg.offset, msg.key, msg.value,
+                            agent)
+        await self.t.deadletter.send(key=msg.key, value=letter.to_json(), force=True)
+        self.metrics.dead_letters.labels(topic=msg.topic).inc()
+        log.warning("dead letter from %s[%d]@%d: %s", msg.topic, msg.partition, msg.offset,
+                    reason)
+
+    async def _request_decision(self, job_id: str, attempt: int) -> None:
+        self._requested[attempt_key(job_id, attempt)] = time.monotonic()
+        await self.t.decide_requests.send(
+            key=job_id.encode(), value=orjson.dumps({"job_id": job_id, "attempt": attempt}),
+            force=True)
+
+    def _in_event(self, stream: Any, event: Any) -> None:
+        # faust routes a table write to the changelog partition of the *current event*; in a
+        # take_events() batch the agent's task has none, so name it (same partition: the
+        # agent is isolated per partition).
+        stream._set_current_event(event)
+
+    # ---------------------------------------------------------------- ingest
+    async def _ingest(self, stream: Any) -> None:
+        async for events in stream.take_events(INGEST_BATCH, INGEST_WITHIN_S):
+            await self._ingest_batch(stream, events)
+
+    async def _ingest_batch(self, stream: Any, events: Sequence[Any]) -> None:
+        s, m, cache = self.settings, self.metrics, self.cache
+        decided, pending, windows = self.t.decided, self.t.pending, self.t.windows
+        partition = events[0].message.partition
+        now = time.time()
+        touched: dict[str, Any] = {}
+        ended: list[tuple[str, int]] = []
+        lines = nbytes = late = 0
+        for event in events:
+            msg = event.message
+            try:
+                chunk = parse_log_record(msg.value, s.max_line_bytes, self.field_map)
+            except RecordError as exc:
+                await self._dead_letter(event, str(exc), "ingest")
+                continue
+            if msg.key != chunk.job_id.encode():
+                # Keyed otherwise, it sits on a partition that may not hold the job's window:
+                # re-publish it under its job_id rather than lose or misfile it.
+                await self.t.logs.send(key=chunk.job_id.encode(), value=msg.value, force=True)
+                m.rekeyed.inc()
+                continue
+            key = attempt_key(chunk.job_id, chunk.attempt)
+            if key in decided:
+                late += len(chunk.lines)
+                continue
+            window = cache.get_or_create(partition, key)
+            window.extend(chunk.lines, now)
+            if chunk.eos and not window.eos:
+                window.eos = True
+                ended.append((chunk.job_id, chunk.attempt))
+            touched[key] = window
+            lines += len(chunk.lines)
+            nbytes += len(msg.value)
+        if touched:
+            self._in_event(stream, events[-1])
+            for key, window in touched.items():
+                windows[key] = window.to_bytes()
+        for job_id, attempt in ended:
+            if attempt_key(job_id, attempt) in pending:
+                await self._request_decision(job_id, attempt)
+        m.lines.inc(lines)
+        m.bytes.inc(nbytes)
+        if late:
+            m.late_lines.inc(late)
+        if now - self._last_sweep.get(partition, 0.0) > SWEEP_EVERY_S:
+            self._last_sweep[partition] = now
+            self._in_event(stream, events[-1])
+            self._expire_windows(partition, now)
+        m.active_windows.set(len(cache))
+
+    def _expire_windows(self, partition: int, now: float) -> None:
+        """Drop windows of attempts silent for longer than the TTL (no termination came)."""
+        horizon = now - self.settings.window_ttl_s
+        for key, window in self.cache.items(partition):
+            if window.last_seen < horizon and key not in self.t.pending:
+                self.cache.pop(partition, key)
+                del self.t.windows[key]
+                self.metrics.expired_windows.inc()
+
+    # ---------------------------------------------------------------- terminations
+    async def _terminations(self, stream: Any) -> None:
+        async for events in stream.take_events(EVENTS_BATCH, EVENTS_WITHIN_S):
+            for event in events:
+                await self._on_job_event(stream, event)
+
+    async def _on_job_event(self, stream: Any, event: Any) -> None:
+        try:
+            job = parse_job_event(event.message.value)
+        except RecordError as exc:
+            await self._dead_letter(event, str(exc), "terminations")
+            return
+        self.metrics.job_events.labels(event=job.event, state=job.state or "").inc()
+        if job.event != "finished":
+            return
+        key = attempt_key(job.job_id, job.attempt)
+        if key in self.t.decided or key in self.t.pending:
+            return  # a replay: the attempt is already being (or was) decided
+        partition = event.message.partition
+        self._in_event(stream, event)
+        if not job.failed:
+            self._release(partition, key)
+            return
+        # The broker's timestamp of the termination event starts the decision's clock.
+        event_time = event.message.timestamp or time.time()
+        grace = self.settings.grace_period_s
+        self.t.pending[key] = orjson.dumps(
+            {"event": job.to_dict(), "event_time": event_time, "deadline": time.time() + grace})
+        window = self.cache.get(partition, key)
+        if grace <= 0 or (window is not None and window.eos):
+            await self._request_decision(job.job_id, job.attempt)
+
+    def _release(self, partition: int, key: str) -> None:
+        """A completed (or cancelled) attempt needs no verdict: free its window."""
+        self.cache.pop(partition, key)
+        if key in self.t.windows:
+            del self.t.windows[key]
+
+    async def _request_due_decisions(self) -> None:
+        """Ask for the decisions whose grace period is over (also after a restart)."""
+        app = self.t.app
+        if app.rebalancing:
+            return
+        assigned = app.assignor.assigned_actives()
+        topic = self.t.job_events.get_topic_name()
+        now, mono = time.time(), time.monotonic()
+        for key, value in live_items(self.t.pending):
+            job_id, attempt = split_key(key)
+            if TP(topic, partition_of(job_id, self.settings.partitions)) not in assigned:
+                continue
+            if orjson.loads(value)["deadline"] > now:
+                continue
+            asked = self._requested.get(key)
+            if asked is None or mono - asked > REQUEST_RETRY_S:
+                await self._request_decision(job_id, attempt)
+
+    # ---------------------------------------------------------------- decide
+    async def _decide(self, stream: Any) -> None:
+        s = self.settings
+        async for events in stream.take_events(s.batch_max_windows, s.batch_max_wait_ms / 1000):
+            await self._decide_batch(stream, events)
+
+    async def _decide_batch(self, stream: Any, events: Sequence[Any]) -> None:
+        partition = events[0].message.partition
+        todo: dict[str, tuple[Any, JobEvent, float, LogWindow]] = {}
+        for event in events:
+            try:
+                request = orjson.loads(event.message.value)
+                key = attempt_key(request["job_id"], request["attempt"])
+            except (orjson.JSONDecodeError, KeyError, TypeError) as exc:
+                await self._dead_letter(event, f"bad decide request: {exc}", "decide")
+                continue
+            if key in todo or key in self.t.decided:
+                continue
+            raw = self.t.pending.get(key)
+            if raw is None:
+                continue
+            pending = orjson.loads(raw)
+            e = pending["event"]
+            job = JobEvent(e["job_id"], e["attempt"], e["event"], e["state"], e["exit_code"],
+                           e["signal"], tuple(e["nodes"]), e["gpus"], e["ts"])
+            window = self.cache.get(partition, key)
+            log_window = (window.to_log_window(job.job_id, job.attempt) if window is not None
+                          else LogWindow(job.job_id, job.attempt, []))
+            todo[key] = (event, job, pending["event_time"], log_window)
+        if not todo:
+            return
+        to_classify = [w for (_, _, _, w) in todo.values() if not w.empty]
+        version = self.classifier.version
+        predictions = iter(await self.batcher.submit_many(to_classify) if to_classify else [])
+        for key, (event, job, event_time, window) in todo.items():
+            prediction = None if window.empty else next(predictions)
+            decision = make_decision(job, window, prediction, version, time.time(), event_time)
+            value = decision.to_json()
+            await self.t.decisions.send(key=job.job_id.encode(), value=value, force=True)
+            self._in_event(stream, event)
+            self.t.decided[key] = value
+            self.t.latest[job.job_id] = str(job.attempt).encode()
+            del self.t.pending[key]
+            self._release(partition, key)
+            self._requested.pop(key, None)
+            self.metrics.decisions.labels(verdict=decision.verdict, action=decision.action).inc()
+            self.metrics.decision_latency.observe(decision.latency_ms / 1000.0)

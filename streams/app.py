@@ -1,0 +1,100 @@
+"""The faust app of a worker: topics and tables, built from :class:`Settings`.
+
+Every topic a worker consumes, and every table changelog, has ``settings.partitions``
+partitions and is keyed by job_id, so faust's co-partitioning assignor hands one worker all the
+state of a job: its log window, its pending termination, its decision.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import faust
+from sibylla.streams.fastpath import SibyllaApp
+
+from sibylla.settings import Settings
+
+__all__ = ["Topology", "build_app"]
+
+RAW = {"key_serializer": "raw", "value_serializer": "raw"}
+
+
+@dataclass
+class Topology:
+    """The app with its topics and tables; the agents module registers agents on it."""
+
+    settings: Settings
+    app: faust.App
+    logs: Any
+    job_events: Any
+    decide_requests: Any
+    decisions: Any
+    deadletter: Any
+    labels: Any
+    windows: Any  # attempt key -> TailWindow bytes
+    pending: Any  # attempt key -> pending termination (JSON)
+    decided: Any  # attempt key -> Decision JSON
+    latest: Any  # job_id -> latest decided attempt (ASCII int)
+
+
+def _credentials(settings: Settings) -> Any:
+    opts = settings.kafka_client_options()
+    if settings.security_protocol.startswith("SASL"):
+        return faust.SASLCredentials(
+            username=settings.sasl_username,
+            password=settings.sasl_password,
+            mechanism=settings.sasl_mechanism,
+            ssl_context=opts.get("ssl_context"),
+        )
+    if settings.security_protocol == "SSL":
+        return faust.SSLCredentials(opts["ssl_context"])
+    return None
+
+
+def build_app(settings: Settings) -> Topology:
+    """The app, topics and tables of a worker (no agents yet)."""
+    store = "memory://" if settings.store == "memory" else "rocksdb://"
+    app = SibyllaApp(
+        settings.group_id,
+        broker=settings.broker_url,
+        broker_credentials=_credentials(settings),
+        store=store,
+        datadir=str(settings.data_dir),
+        topic_partitions=settings.partitions,
+        topic_replication_factor=settings.replication_factor,
+        consumer_auto_offset_reset="earliest",
+        processing_guarantee="at_least_once",
+        # A dead worker's partitions move after the session timeout; a short rebalance
+        # timeout keeps the group join to seconds (brokers may hold a join up to it).
+        broker_session_timeout=settings.session_timeout_ms / 1000.0,
+        broker_heartbeat_interval=max(0.5, settings.session_timeout_ms / 6000.0),
+        broker_rebalance_timeout=max(settings.session_timeout_ms / 1000.0 * 2, 10.0),
+        broker_commit_interval=1.0,
+        producer_linger=0.005,
+        producer_max_request_size=4 * 1024 * 1024,
+        stream_buffer_maxsize=8192,
+        web_enabled=True,
+        web_bind=settings.web_host,
+        web_port=settings.web_port,
+        web_in_thread=False,
+        table_cleanup_interval=60.0,
+    )
+    t = settings.topic
+    part = {"partitions": settings.partitions}
+    logs = app.topic(t("logs"), **RAW, **part)
+    job_events = app.topic(t("job-events"), **RAW, **part)
+    decide_requests = app.topic(t("decide-requests"), internal=True, **RAW, **part)
+    decisions = app.topic(t("decisions"), **RAW, **part)
+    deadletter = app.topic(t("deadletter"), **RAW)
+    labels = app.topic(t("labels"), **RAW, **part)
+
+    def table(name: str) -> Any:
+        return app.Table(name, partitions=settings.partitions, schema=faust.Schema(**RAW))
+
+    return Topology(
+        settings=settings, app=app, logs=logs, job_events=job_events,
+        decide_requests=decide_requests, decisions=decisions, deadletter=deadletter,
+        labels=labels, windows=table("windows"), pending=table("pending"),
+        decided=table("decided"), latest=table("latest"),
+    )

@@ -1,0 +1,105 @@
+"""Micro-batching of classification requests.
+
+Windows arrive one failed job at a time, from several partition actors; the model is far
+cheaper per window in a batch (one padded kernel launch instead of many). The batcher collects
+up to ``max_batch`` windows or waits at most ``max_wait_s`` after the first, then runs the
+blocking ``predict`` in a worker thread so the event loop keeps consuming meanwhile.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from typing import Generic, TypeVar
+
+__all__ = ["MicroBatcher"]
+
+log = logging.getLogger(__name__)
+
+In = TypeVar("In")
+Out = TypeVar("Out")
+
+
+class MicroBatcher(Generic[In, Out]):
+    """Batches calls of ``fn(list[In]) -> list[Out]``; one batch runs at a time."""
+
+    def __init__(
+        self,
+        fn: Callable[[Sequence[In]], list[Out]],
+        max_batch: int,
+        max_wait_s: float,
+        on_batch: Callable[[int, float], None] | None = None,
+    ) -> None:
+        self._fn = fn
+        self.max_batch = max_batch
+        self.max_wait_s = max_wait_s
+        self._on_batch = on_batch
+        self._queue: asyncio.Queue[tuple[In, asyncio.Future[Out]]] | None = None
+        self._task: asyncio.Task[None] | None = None
+        # One thread: batches run in order and a GPU sees one stream of work.
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="sibylla-infer")
+
+    def swap(self, fn: Callable[[Sequence[In]], list[Out]]) -> None:
+        """Replace the batch function; the batch running now finishes with the old one."""
+        self._fn = fn
+
+    async def submit_many(self, items: Sequence[In]) -> list[Out]:
+        """Results for ``items`` in order, batched with whatever else is waiting."""
+        if self._queue is None:
+            self._queue = asyncio.Queue()
+            self._task = asyncio.get_running_loop().create_task(self._run(), name="batcher")
+        loop = asyncio.get_running_loop()
+        futures: list[asyncio.Future[Out]] = []
+        for item in items:
+            fut: asyncio.Future[Out] = loop.create_future()
+            self._queue.put_nowait((item, fut))
+            futures.append(fut)
+        return list(await asyncio.gather(*futures))
+
+    async def _run(self) -> None:
+        assert self._queue is not None
+        queue = self._queue
+        loop = asyncio.get_running_loop()
+        while True:
+            batch = [await queue.get()]
+            deadline = loop.time() + self.max_wait_s
+            while len(batch) < self.max_batch:
+                if queue.empty():
+                    remaining = deadline - loop.time()
+                    if remaining <= 0:
+                        break
+                    try:
+                        batch.append(await asyncio.wait_for(queue.get(), remaining))
+                    except TimeoutError:
+                        break
+                else:
+                    batch.append(queue.get_nowait())
+            items = [item for item, _ in batch]
+            started = time.perf_counter()
+            try:
+                results = await loop.run_in_executor(self._executor, self._fn, items)
+                if len(results) != len(items):
+                    raise RuntimeError(f"classifier returned {len(results)} for {len(items)}")
+            except Exception as exc:  # noqa: BLE001 - handed to every waiter
+                log.exception("classification of a batch of %d failed", len(items))
+                for _, fut in batch:
+                    if not fut.done():
+                        fut.set_exception(exc)
+                continue
+            if self._on_batch is not None:
+                self._on_batch(len(items), time.perf_counter() - started)
+            for (_, fut), result in zip(batch, results, strict=True):
+                if not fut.done():
+                    fut.set_result(result)
+
+    async def close(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            try:
+                await self._task
+            except asyncio.CancelledError:
+                pass
+        self._executor.shutdown(wait=False, cancel_futures=True)

@@ -1,0 +1,30 @@
+"""Table keys and partitions of job attempts.
+
+Every topic Sibylla reads is keyed by job_id and has the same partition count, and its tables
+use the same partitions for their changelogs, so one worker holds everything about a job.
+Table keys name the attempt as ``"<attempt>:<job_id>"``: the attempt first, because a job_id
+may contain any character but an attempt number never contains a colon.
+"""
+
+from __future__ import annotations
+
+from aiokafka.partitioner import murmur2
+
+__all__ = ["attempt_key", "partition_of", "split_key"]
+
+
+def attempt_key(job_id: str, attempt: int) -> str:
+    return f"{attempt}:{job_id}"
+
+
+def split_key(key: str) -> tuple[str, int]:
+    """Inverse of :func:`attempt_key`."""
+    attempt, _, job_id = key.partition(":")
+    return job_id, int(attempt)
+
+
+def partition_of(job_id: str, partitions: int) -> int:
+    """The partition Kafka's default partitioner (murmur2, as in the Java client and aiokafka)
+    gives a record keyed by ``job_id``. Producers must use it for co-partitioning; librdkafka
+    shippers need ``partitioner=murmur2_random``."""
+    return (murmur2(job_id.encode()) & 0x7FFFFFFF) % partitions

@@ -1,0 +1,64 @@
+"""Prometheus metrics of a worker, on its own registry (served at /metrics)."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+__all__ = ["WorkerMetrics"]
+
+_LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
+_BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+
+
+class WorkerMetrics:
+    """Every metric a worker exports. One instance per worker process."""
+
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        self.registry = registry or CollectorRegistry()
+        r = self.registry
+        self.lines = Counter("sibylla_log_lines_ingested", "Log lines accepted.", registry=r)
+        self.bytes = Counter("sibylla_log_bytes_ingested", "Log record bytes accepted.",
+                             registry=r)
+        self.late_lines = Counter("sibylla_late_log_lines_dropped",
+                                  "Lines for attempts already decided.", registry=r)
+        self.rekeyed = Counter("sibylla_log_records_rekeyed",
+                               "Log records whose Kafka key was not their job_id, re-published "
+                               "under it.", registry=r)
+        self.dead_letters = Counter("sibylla_dead_letters", "Records sent to the dead-letter "
+                                    "topic.", ["topic"], registry=r)
+        self.active_windows = Gauge("sibylla_active_windows", "Job attempt windows held.",
+                                    registry=r)
+        self.window_bytes = Gauge("sibylla_window_bytes", "Log text held in windows.",
+                                  registry=r)
+        self.expired_windows = Counter("sibylla_windows_expired",
+                                       "Windows dropped after the idle TTL.", registry=r)
+        self.job_events = Counter("sibylla_job_events", "Job events by event and state.",
+                                  ["event", "state"], registry=r)
+        self.decisions = Counter("sibylla_decisions", "Decisions published, by verdict.",
+                                 ["verdict", "action"], registry=r)
+        self.decision_latency = Histogram("sibylla_decision_latency_seconds",
+                                          "From the termination event to its decision.",
+                                          buckets=_LATENCY_BUCKETS, registry=r)
+        self.batch_size = Histogram("sibylla_inference_batch_size", "Windows per micro-batch.",
+                                    buckets=_BATCH_BUCKETS, registry=r)
+        self.batch_latency = Histogram("sibylla_inference_batch_seconds",
+                                       "Model time per micro-batch.",
+                                       buckets=_LATENCY_BUCKETS, registry=r)
+        self.consumer_lag = Gauge("sibylla_consumer_lag", "End offset minus committed offset.",
+                                  ["topic", "partition"], registry=r)
+        self.model_info = Gauge("sibylla_model_info", "The model making decisions (value 1).",
+                                ["version"], registry=r)
+        self.failure_rate = Gauge("sibylla_node_failure_rate_per_node_day",
+                                  "Estimated infrastructure failures per node-day (r_f).",
+                                  registry=r)
+        self.mttf_hours = Gauge("sibylla_mttf_hours",
+                                "Projected mean time to failure, by job size in nodes.",
+                                ["nodes"], registry=r)
+
+    def on_batch(self, size: int, seconds: float) -> None:
+        self.batch_size.observe(size)
+        self.batch_latency.observe(seconds)
+
+    def set_model(self, version: str) -> None:
+        self.model_info.clear()
+        self.model_info.labels(version=version).set(1)

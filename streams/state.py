@@ -1,0 +1,80 @@
+"""The windows a worker holds, in memory, in front of the changelog-backed table.
+
+The faust table is the durable copy (its changelog survives a crash, its store a restart);
+decoding a window from it on every batch would cost more than the ingest itself, so the live
+windows of the partitions this worker owns stay decoded here. Windows are grouped by partition
+so a rebalance can drop exactly the ones that moved away.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+from sibylla.streams.keys import partition_of, split_key
+from sibylla.streams.window import TailWindow, WindowLimits
+
+__all__ = ["WindowCache", "live_items"]
+
+
+def _text(key: Any) -> str:
+    return key.decode() if isinstance(key, bytes) else key
+
+
+def live_items(table: Any) -> Iterator[tuple[str, bytes]]:
+    """A table's (key, value) pairs, skipping deletions that changelog recovery leaves behind
+    as non-bytes values."""
+    for key, value in list(table.items()):
+        if isinstance(value, bytes) and value:
+            yield _text(key), value
+
+
+class WindowCache:
+    """Decoded windows by partition, loaded lazily from the durable table."""
+
+    def __init__(self, table: Any, limits: WindowLimits, partitions: int) -> None:
+        self._table = table
+        self.limits = limits
+        self.partitions = partitions
+        self._by_partition: dict[int, dict[str, TailWindow]] = {}
+
+    def _part(self, partition: int) -> dict[str, TailWindow]:
+        part = self._by_partition.get(partition)
+        if part is None:
+            part = self._by_partition[partition] = self._load(partition)
+        return part
+
+    def _load(self, partition: int) -> dict[str, TailWindow]:
+        """Windows of ``partition`` that the table holds (after a restart or a rebalance)."""
+        loaded: dict[str, TailWindow] = {}
+        for key, value in live_items(self._table):
+            job_id, _ = split_key(key)
+            if partition_of(job_id, self.partitions) == partition:
+                loaded[key] = TailWindow.from_bytes(value, self.limits)
+        return loaded
+
+    def get(self, partition: int, key: str) -> TailWindow | None:
+        return self._part(partition).get(key)
+
+    def get_or_create(self, partition: int, key: str) -> TailWindow:
+        part = self._part(partition)
+        window = part.get(key)
+        if window is None:
+            window = part[key] = TailWindow(self.limits)
+        return window
+
+    def pop(self, partition: int, key: str) -> TailWindow | None:
+        return self._part(partition).pop(key, None)
+
+    def items(self, partition: int) -> Iterator[tuple[str, TailWindow]]:
+        return iter(list(self._part(partition).items()))
+
+    def forget(self, partition: int) -> None:
+        """Drop a partition this worker no longer owns (its table copy stays durable)."""
+        self._by_partition.pop(partition, None)
+
+    def __len__(self) -> int:
+        return sum(len(p) for p in self._by_partition.values())
+
+    def text_bytes(self) -> int:
+        return sum(w.memory_bytes for p in self._by_partition.values() for w in p.values())

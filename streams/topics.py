@@ -1,0 +1,54 @@
+"""Creating the contract's topics with the partition counts co-partitioning needs.
+
+Brokers that auto-create topics would give ``sibylla.logs`` and ``sibylla.job-events`` the
+broker's default partition count, which may differ from each other or from the tables'
+changelogs; then a job's log window and its termination land on different workers. So the
+worker, the shipper and the demo create them explicitly, and a worker refuses to start when an
+existing topic has the wrong count.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+from aiokafka.errors import TopicAlreadyExistsError
+
+from sibylla.settings import Settings, SettingsError
+
+__all__ = ["COPARTITIONED", "ensure_topics"]
+
+log = logging.getLogger(__name__)
+
+# Contract topics keyed by job_id that must share the partition count.
+COPARTITIONED = ("logs", "job-events", "decisions", "labels")
+
+
+async def ensure_topics(settings: Settings) -> None:
+    """Create missing topics; check partition counts of the co-partitioned ones."""
+    admin = AIOKafkaAdminClient(bootstrap_servers=settings.bootstrap_servers,
+                                **settings.kafka_client_options())
+    await admin.start()
+    try:
+        wanted = [NewTopic(settings.topic(n), settings.partitions, settings.replication_factor)
+                  for n in COPARTITIONED]
+        wanted.append(NewTopic(settings.topic("deadletter"), 1, settings.replication_factor))
+        wanted.append(NewTopic(settings.topic("models"), 1, settings.replication_factor,
+                               topic_configs={"cleanup.policy": "compact"}))
+        existing = set(await admin.list_topics())
+        missing = [t for t in wanted if t.name not in existing]
+        for topic in missing:
+            try:
+                await admin.create_topics([topic])
+                log.info("created topic %s (%d partitions)", topic.name, topic.num_partitions)
+            except TopicAlreadyExistsError:
+                pass
+        described = await admin.describe_topics([settings.topic(n) for n in COPARTITIONED])
+        for info in described:
+            count = len(info.get("partitions", []))
+            if count and count != settings.partitions:
+                raise SettingsError(
+                    f"partitions: topic {info['topic']} has {count} partitions, Sibylla is "
+                    f"configured for {settings.partitions}; they must match (co-partitioning)")
+    finally:
+        await admin.close()

@@ -1,0 +1,117 @@
+"""The bounded per-attempt log window: the tail plus the first error block.
+
+A job can print gigabytes; Sibylla keeps only what the classifier needs, so a window's memory
+never exceeds its limits however much the job prints:
+
+- the *tail*: the last ``max_lines`` lines and at most ``max_bytes`` bytes of them;
+- the *first error block*: up to ``first_error_max_lines`` lines starting at the first line
+  that opens an error report. The root cause is often printed long before a distributed job
+  dies, and the tail then fills with teardown noise from the other ranks.
+
+The window serializes to a small, versioned JSON array for the changelog-backed table.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+import orjson
+from sibylla.inference.api import LogWindow, is_error_start
+
+__all__ = ["TailWindow", "WindowLimits"]
+
+_FORMAT = 1  # bump when the serialized layout changes
+
+# States of the first error block.
+_FE_NONE, _FE_OPEN, _FE_CLOSED = 0, 1, 2
+
+
+@dataclass(frozen=True, slots=True)
+class WindowLimits:
+    max_lines: int
+    max_bytes: int
+    first_error_max_lines: int
+
+
+def _size(line: str) -> int:
+    # UTF-8 byte length; ASCII (nearly every log line) avoids the encode.
+    return len(line) if line.isascii() else len(line.encode())
+
+
+class TailWindow:
+    """What is kept of one job attempt's output. Not thread-safe; owned by one agent."""
+
+    __slots__ = ("limits", "tail", "tail_bytes", "first_error", "fe_state", "line_count",
+                 "last_seen", "eos")
+
+    def __init__(self, limits: WindowLimits) -> None:
+        self.limits = limits
+        self.tail: deque[str] = deque()
+        self.tail_bytes = 0
+        self.first_error: list[str] = []
+        self.fe_state = _FE_NONE if limits.first_error_max_lines > 0 else _FE_CLOSED
+        self.line_count = 0
+        self.last_seen = 0.0
+        self.eos = False
+
+    def extend(self, lines: Iterable[str], now: float) -> None:
+        """Append lines in the order printed, evicting the oldest beyond the limits."""
+        tail = self.tail
+        limits = self.limits
+        max_lines, max_bytes = limits.max_lines, limits.max_bytes
+        fe_max = limits.first_error_max_lines
+        size = self.tail_bytes
+        count = 0
+        for line in lines:
+            count += 1
+            n = _size(line)
+            if n > max_bytes:  # a single line larger than the window keeps its end
+                line = line[-max_bytes:]
+                n = _size(line)
+            tail.append(line)
+            size += n
+            if self.fe_state != _FE_CLOSED:
+                if self.fe_state == _FE_OPEN:
+                    self.first_error.append(line)
+                    if len(self.first_error) >= fe_max:
+                        self.fe_state = _FE_CLOSED
+                elif is_error_start(line):
+                    self.first_error.append(line)
+                    self.fe_state = _FE_OPEN if fe_max > 1 else _FE_CLOSED
+            while len(tail) > max_lines or size > max_bytes:
+                size -= _size(tail.popleft())
+        self.tail_bytes = size
+        self.line_count += count
+        self.last_seen = now
+
+    def to_log_window(self, job_id: str, attempt: int) -> LogWindow:
+        return LogWindow(job_id, attempt, list(self.tail), list(self.first_error),
+                         self.line_count)
+
+    @property
+    def memory_bytes(self) -> int:
+        """Bytes of log text held (the quantity the limits bound)."""
+        return self.tail_bytes + sum(map(_size, self.first_error))
+
+    def to_bytes(self) -> bytes:
+        return orjson.dumps([_FORMAT, self.line_count, self.last_seen, self.eos, self.fe_state,
+                             self.first_error, list(self.tail)])
+
+    @classmethod
+    def from_bytes(cls, data: bytes, limits: WindowLimits) -> TailWindow:
+        """Rebuild a window from :meth:`to_bytes`, re-applying the current limits."""
+        fmt, line_count, last_seen, eos, fe_state, first_error, tail = orjson.loads(data)
+        if fmt != _FORMAT:
+            raise ValueError(f"window format {fmt} is not {_FORMAT}")
+        window = cls(limits)
+        window.fe_state = _FE_CLOSED  # the block is restored as saved, not re-detected
+        window.extend(tail, last_seen)
+        window.first_error = first_error[: limits.first_error_max_lines]
+        window.fe_state = fe_state if window.first_error or fe_state == _FE_NONE else _FE_CLOSED
+        if len(window.first_error) >= limits.first_error_max_lines:
+            window.fe_state = _FE_CLOSED
+        window.line_count = line_count
+        window.eos = eos
+        return window

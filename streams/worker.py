@@ -1,0 +1,91 @@
+"""A Sibylla worker: the agents plus its HTTP pages, started as one process.
+
+HTTP (faust's web server, on ``web_host:web_port``):
+- ``GET /metrics``: Prometheus metrics;
+- ``GET /decisions/{job_id}``: the latest decision for a job (404 when none); a worker that
+  does not own the job's partition redirects to the one that does.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any
+
+import faust
+from faust.web import Request, Response, View
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from sibylla.inference.api import Classifier
+from sibylla.streams.agents import Pipeline
+from sibylla.streams.app import build_app
+from sibylla.streams.keys import attempt_key
+from sibylla.streams.lag import LagProbe
+from sibylla.streams.topics import ensure_topics
+
+from sibylla.settings import Settings
+
+__all__ = ["build_worker", "run_worker"]
+
+log = logging.getLogger(__name__)
+
+LAG_EVERY_S = 5.0
+
+
+def _register_pages(pipeline: Pipeline) -> None:
+    app, t = pipeline.t.app, pipeline.t
+
+    @app.page("/metrics")
+    async def metrics(web: View, request: Request) -> Response:
+        body = generate_latest(pipeline.metrics.registry)
+        return web.bytes(body, content_type=CONTENT_TYPE_LATEST.split(";")[0])
+
+    @app.page("/decisions/{job_id}")
+    @app.table_route(table=t.latest, match_info="job_id")
+    async def decision(web: View, request: Request, job_id: str) -> Response:
+        attempt = t.latest.get(job_id)
+        value = t.decided.get(attempt_key(job_id, int(attempt))) if attempt else None
+        if value is None:
+            return web.json({"error": f"no decision for job {job_id!r}"}, status=404)
+        return web.bytes(value, content_type="application/json")
+
+
+def _register_lag(pipeline: Pipeline) -> None:
+    app, s = pipeline.t.app, pipeline.settings
+    probe = LagProbe(s, [s.topic("logs"), s.topic("job-events"), s.topic("decide-requests")])
+
+    @app.timer(LAG_EVERY_S, name="consumer_lag")
+    async def consumer_lag() -> None:
+        try:
+            for (topic, partition), lag in (await probe.lag()).items():
+                pipeline.metrics.consumer_lag.labels(topic=topic, partition=str(partition)).set(lag)
+        except Exception as exc:  # noqa: BLE001 - a metric must never stop the worker
+            log.warning("consumer lag probe failed: %s", exc)
+
+    @app.on_before_shutdown.connect
+    async def close_probe(app: Any, **_: Any) -> None:
+        await probe.close()
+
+
+def build_worker(settings: Settings, classifier: Classifier | None = None) -> Pipeline:
+    """The pipeline with every agent, timer and page registered (not running yet)."""
+    if classifier is None:
+        from sibylla.inference import load_classifier
+
+        classifier = load_classifier(settings.model_path or None, settings.device,
+                                     settings.min_confidence)
+    pipeline = Pipeline(build_app(settings), classifier)
+    pipeline.register()
+    _register_pages(pipeline)
+    _register_lag(pipeline)
+    return pipeline
+
+
+def run_worker(settings: Settings, classifier: Classifier | None = None) -> int:
+    """Run a worker until SIGINT/SIGTERM. Blocks."""
+    asyncio.run(ensure_topics(settings))
+    pipeline = build_worker(settings, classifier)
+    log.info("worker settings: %s", settings.redacted())
+    worker = faust.Worker(pipeline.t.app, loglevel=settings.log_level.upper(), quiet=True,
+                          redirect_stdouts=False, override_logging=False)
+    worker.execute_from_commandline()
+    return 0
