@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 from sibylla.simulator import ettr
 from sibylla.simulator.confusion import ASSUMED, CLASSES, ConfusionMatrix
-from sibylla.simulator.jobs import Job
+from sibylla.simulator.jobs import FAILING, Job
 from sibylla.simulator.metrics import deterministic_shares, format_table, jct_hours, measure
 from sibylla.simulator.policies import (
     ConfusionPolicy,
@@ -165,7 +165,11 @@ def run_simulate(args: argparse.Namespace) -> int:
         out = Path(args.out)
         made = [
             plot_gpu_hours(rows, out / "gpu_hours_by_policy.png"),
-            plot_jct_cdf({r.policy: jct_hours(r) for r in results}, out / "jct_cdf.png"),
+            plot_jct_cdf(
+                {r.policy: jct_hours(r) for r in results},
+                np.array([j.outcome in FAILING for j in jobs]),
+                out / "jct_cdf.png",
+            ),
         ]
         print("plots: " + ", ".join(map(str, made)), file=sys.stderr if args.json else sys.stdout)
     return 0
