@@ -105,9 +105,11 @@ def simulate(
         bisect.insort(ends, (attempt.end, key, attempt.gpus))
         heapq.heappush(events, (attempt.end, _END, key))
 
-    def reservation(gpus: int) -> tuple[float, int]:
+    def reservation(gpus: int, now: float) -> tuple[float, int]:
         """When the blocked head could start, and the GPUs to spare for backfill then."""
         free = cluster.free_gpus
+        if free >= gpus:  # enough GPUs, but scattered: reserve them now, lend only the rest
+            return now, free - gpus
         for end, _, taken in ends:
             free += taken
             if free >= gpus:
@@ -123,7 +125,7 @@ def simulate(
             gpus = jobs[i].gpus
             if not cluster.fits(gpus):
                 if shadow is None:
-                    shadow, spare = reservation(gpus)
+                    shadow, spare = reservation(gpus, now)
                 continue
             run, result = _outcome(jobs[i], number, seed, retry_success)
             if shadow is None:

@@ -11,7 +11,8 @@ from sibylla.simulator.confusion import ASSUMED
 from sibylla.simulator.metrics import measure
 from sibylla.simulator.policies import ConfusionPolicy, FixedRetries, NeverRetry, Oracle
 from sibylla.simulator.scheduler import SimResult, simulate
-from sim_fixtures import HOUR, job, traces
+
+from tests.simulator.fixtures import HOUR, job, traces
 
 POLICIES = st.sampled_from(
     [FixedRetries(0), FixedRetries(2), NeverRetry(), Oracle(2), ConfusionPolicy(ASSUMED, 2)]
