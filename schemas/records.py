@@ -98,14 +98,23 @@ class LogChunk:
     eos: bool = False
 
 
+def _as_int(value: Any) -> int | None:
+    """An integer as JSON Schema sees it (``2.0`` is one), else None. Booleans are not."""
+    if type(value) is int:
+        return value
+    if type(value) is float and value.is_integer():
+        return int(value)
+    return None
+
+
 def _job_key(record: dict[str, Any]) -> tuple[str, int]:
     job_id = record.get("job_id")
     if not isinstance(job_id, str) or not job_id:
         raise RecordError("missing job_id (a non-empty string)")
     if len(job_id) > MAX_JOB_ID:
         raise RecordError(f"job_id longer than {MAX_JOB_ID} characters")
-    attempt = record.get("attempt", 0)
-    if type(attempt) is not int or attempt < 0:
+    attempt = _as_int(record.get("attempt", 0))
+    if attempt is None or attempt < 0:
         raise RecordError("attempt must be an integer >= 0")
     return job_id, attempt
 
@@ -142,11 +151,11 @@ def parse_log_record(
     eos = record.get("eos", False)
     if type(eos) is not bool:
         raise RecordError("eos must be a boolean")
-    batch = record.get("lines")
-    if batch is None:
+    if "lines" not in record:
         if "line" not in record and eos:
             return LogChunk(job_id, attempt, [], True)  # a bare end-of-stream marker
         return LogChunk(job_id, attempt, [_check_line(record, max_line_bytes, "record")], eos)
+    batch = record["lines"]
     if not isinstance(batch, list):
         raise RecordError("lines must be a list")
     lines = [_check_line(e, max_line_bytes, f"lines[{i}]") for i, e in enumerate(batch)]
@@ -200,16 +209,18 @@ def parse_job_event(value: bytes) -> JobEvent:
     if state is not None and state not in JOB_STATES:
         raise RecordError(f"state must be one of {', '.join(sorted(JOB_STATES))}")
     exit_code = record.get("exit_code")
-    if exit_code is not None and type(exit_code) is not int:
-        raise RecordError("exit_code must be an integer")
+    if exit_code is not None:
+        exit_code = _as_int(exit_code)
+        if exit_code is None:
+            raise RecordError("exit_code must be an integer")
     signal = record.get("signal")
     if signal is not None and not isinstance(signal, (int, str)):
         raise RecordError("signal must be an integer or a name")
     nodes = record.get("nodes", [])
     if not isinstance(nodes, list) or not all(isinstance(n, str) for n in nodes):
         raise RecordError("nodes must be a list of host names")
-    gpus = record.get("gpus", 0)
-    if type(gpus) is not int or gpus < 0:
+    gpus = _as_int(record.get("gpus", 0))
+    if gpus is None or gpus < 0:
         raise RecordError("gpus must be an integer >= 0")
     ts = record.get("ts")
     if ts is not None and not isinstance(ts, (int, float, str)):

@@ -134,6 +134,11 @@ class Settings:
             out[f.name] = "***" if f.metadata.get("secret") and value else value
         return out
 
+    def to_env(self) -> dict[str, str]:
+        """``SIBYLLA_*`` variables that rebuild these settings in a child process."""
+        return {ENV_PREFIX + f.name.upper(): str(getattr(self, f.name))
+                for f in dataclasses.fields(self)}
+
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None, **overrides: Any) -> "Settings":
         """Settings from ``SIBYLLA_*`` variables, then ``overrides`` (already typed or str)."""

@@ -150,6 +150,9 @@ class Pipeline:
                 late += len(chunk.lines)
                 continue
             window = cache.get_or_create(partition, key)
+            if msg.offset <= window.last_offset:
+                continue  # replayed after a crash: already in the window
+            window.last_offset = msg.offset
             window.extend(chunk.lines, now)
             if chunk.eos and not window.eos:
                 window.eos = True

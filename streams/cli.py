@@ -61,7 +61,7 @@ def _worker(args: argparse.Namespace) -> int:
 def _demo(args: argparse.Namespace) -> int:
     from sibylla.streams.demo import run_demo
 
-    settings = settings_from_args(args, store="memory", grace_period_s=0.5)
+    settings = settings_from_args(args, store="memory", grace_period_s=0.5, web_port=0)
     return run_demo(settings, args.jobs_per_class, args.timeout)
 
 

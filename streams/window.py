@@ -44,7 +44,7 @@ class TailWindow:
     """What is kept of one job attempt's output. Not thread-safe; owned by one agent."""
 
     __slots__ = ("limits", "tail", "tail_bytes", "first_error", "fe_state", "line_count",
-                 "last_seen", "eos")
+                 "last_seen", "eos", "last_offset")
 
     def __init__(self, limits: WindowLimits) -> None:
         self.limits = limits
@@ -55,6 +55,9 @@ class TailWindow:
         self.line_count = 0
         self.last_seen = 0.0
         self.eos = False
+        # Offset of the last log record applied. A job's records all live on one partition,
+        # so a replay after a crash is recognised and skipped: the window counts each line once.
+        self.last_offset = -1
 
     def extend(self, lines: Iterable[str], now: float) -> None:
         """Append lines in the order printed, evicting the oldest beyond the limits."""
@@ -97,14 +100,15 @@ class TailWindow:
 
     def to_bytes(self) -> bytes:
         return orjson.dumps([_FORMAT, self.line_count, self.last_seen, self.eos, self.fe_state,
-                             self.first_error, list(self.tail)])
+                             self.last_offset, self.first_error, list(self.tail)])
 
     @classmethod
     def from_bytes(cls, data: bytes, limits: WindowLimits) -> TailWindow:
         """Rebuild a window from :meth:`to_bytes`, re-applying the current limits."""
-        fmt, line_count, last_seen, eos, fe_state, first_error, tail = orjson.loads(data)
-        if fmt != _FORMAT:
-            raise ValueError(f"window format {fmt} is not {_FORMAT}")
+        fields = orjson.loads(data)
+        if fields[0] != _FORMAT:
+            raise ValueError(f"window format {fields[0]} is not {_FORMAT}")
+        _, line_count, last_seen, eos, fe_state, last_offset, first_error, tail = fields
         window = cls(limits)
         window.fe_state = _FE_CLOSED  # the block is restored as saved, not re-detected
         window.extend(tail, last_seen)
@@ -114,4 +118,5 @@ class TailWindow:
             window.fe_state = _FE_CLOSED
         window.line_count = line_count
         window.eos = eos
+        window.last_offset = last_offset
         return window

@@ -1,0 +1,86 @@
+"""Starting a worker as a child process (the demo, the benchmark and the tests do).
+
+A faust worker owns its process (event loop, signal handlers), so tools that need one beside
+them run ``python -m sibylla worker`` with the settings passed as ``SIBYLLA_*`` variables.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+from sibylla.settings import Settings
+
+__all__ = ["WorkerProcess"]
+
+
+class WorkerProcess:
+    """``sibylla worker`` in a child process; ``kill()`` simulates a crash."""
+
+    def __init__(self, settings: Settings, log_path: Path) -> None:
+        self.settings = settings
+        self.log_path = log_path
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self, ready_timeout_s: float = 120.0) -> WorkerProcess:
+        """Start it and wait until its HTTP server answers."""
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        with open(self.log_path, "ab") as out:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "sibylla", "worker"], stdout=out,
+                stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
+                env={**os.environ, **self.settings.to_env()})
+        url = f"http://{self.settings.web_host}:{self.settings.web_port}/metrics"
+        deadline = time.monotonic() + ready_timeout_s
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"worker exited with {self.proc.returncode}:\n{self.tail()}")
+            try:
+                with urllib.request.urlopen(url, timeout=1):
+                    return self
+            except OSError:
+                time.sleep(0.2)
+        self.stop()
+        raise RuntimeError(f"worker not ready within {ready_timeout_s:.0f}s:\n{self.tail()}")
+
+    def metrics_text(self) -> str:
+        url = f"http://{self.settings.web_host}:{self.settings.web_port}/metrics"
+        with urllib.request.urlopen(url, timeout=5) as resp:
+            return resp.read().decode()
+
+    def tail(self, chars: int = 3000) -> str:
+        try:
+            return self.log_path.read_text(errors="replace")[-chars:]
+        except OSError:
+            return ""
+
+    @property
+    def pid(self) -> int | None:
+        return self.proc.pid if self.proc else None
+
+    def kill(self) -> None:
+        """SIGKILL: no shutdown, no final commit (a crash)."""
+        if self.proc is not None and self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait()
+
+    def stop(self, timeout_s: float = 30.0) -> None:
+        """SIGTERM and wait (a graceful leave: the group rebalances at once)."""
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        os.killpg(self.proc.pid, signal.SIGTERM)
+        try:
+            self.proc.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            self.kill()
+
+    def __enter__(self) -> WorkerProcess:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()

@@ -1,0 +1,111 @@
+"""Helpers for the integration tests: settings, workers and readers on a real broker."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import orjson
+from aiokafka import AIOKafkaConsumer
+
+from sibylla.brokers.process import free_port
+from sibylla.schemas.records import Decision
+from sibylla.settings import Settings
+from sibylla.streams.follow import follow_decisions
+from sibylla.streams.launch import WorkerProcess
+from sibylla.streams.topics import ensure_topics
+
+DETERMINISTIC_LOG = """\
+[rank0]: Traceback (most recent call last):
+[rank0]:   File "/home/user/train.py", line 88, in <module>
+[rank0]:     main(args)
+[rank0]:   File "/home/user/train.py", line 61, in main
+[rank0]:     output = model(batch)
+[rank0]: RuntimeError: mat1 and mat2 shapes cannot be multiplied (64x512 and 1024x10)"""
+
+NONDETERMINISTIC_LOG = """\
+Epoch 3: 41%|████      | 410/1000 [12:01<17:18, 1.76s/it, loss=2.31]
+[rank3]:[E ProcessGroupNCCL.cpp:563] [Rank 3] Watchdog caught collective operation timeout: \
+WorkNCCL(SeqNum=48211, OpType=ALLREDUCE, NumelIn=1, NumelOut=1, Timeout(ms)=1800000) ran for \
+1800092 milliseconds before timing out.
+[rank3]:[E ProcessGroupNCCL.cpp:1537] [PG 0 Rank 3] Timeout at NCCL work: 48211, last enqueued \
+NCCL work: 48211, last completed NCCL work: 48210.
+terminate called after throwing an instance of 'c10::DistBackendError'"""
+
+
+def only_brokers(*names: str) -> Callable[[Callable[..., None]], Callable[..., None]]:
+    """Run an integration test only on these brokers (conftest's parametrization reads it):
+    e.g. a crash test needs a broker that keeps its data on disk."""
+    def mark(fn: Callable[..., None]) -> Callable[..., None]:
+        fn.only_brokers = names  # type: ignore[attr-defined]
+        return fn
+    return mark
+
+
+def make_settings(bootstrap: str, prefix: str, workdir: Path, **overrides: Any) -> Settings:
+    values: dict[str, Any] = {
+        "bootstrap_servers": bootstrap, "topic_prefix": prefix, "group_id": prefix + "workers",
+        "store": "memory", "data_dir": str(workdir / "worker"), "web_port": free_port(),
+        "grace_period_s": 0.5, "partitions": 4,
+    }
+    values.update(overrides)
+    return Settings.from_env({}, **{k: str(v) for k, v in values.items()})
+
+
+def start_worker(settings: Settings, workdir: Path, name: str = "worker") -> WorkerProcess:
+    asyncio.run(ensure_topics(settings))
+    return WorkerProcess(settings, workdir / f"{name}.log").start()
+
+
+async def collect_decisions(settings: Settings, expected: set[str], timeout_s: float
+                            ) -> list[Decision]:
+    """Every decision on the topic until each expected job has one (or the timeout)."""
+    found: list[Decision] = []
+    deadline = time.monotonic() + timeout_s
+
+    async def read() -> None:
+        async for decision in follow_decisions(settings, from_beginning=True):
+            found.append(decision)
+            if expected <= {d.job_id for d in found}:
+                return
+
+    try:
+        await asyncio.wait_for(read(), timeout=max(0.1, deadline - time.monotonic()))
+    except asyncio.TimeoutError:
+        pass
+    return found
+
+
+async def read_all(settings: Settings, topic_name: str, idle_s: float = 3.0
+                   ) -> list[dict[str, Any]]:
+    """All JSON records of a topic, until it stays idle for ``idle_s``."""
+    consumer = AIOKafkaConsumer(settings.topic(topic_name),
+                                bootstrap_servers=settings.bootstrap_servers,
+                                auto_offset_reset="earliest", enable_auto_commit=False)
+    await consumer.start()
+    out: list[dict[str, Any]] = []
+    try:
+        while True:
+            batch = await consumer.getmany(timeout_ms=int(idle_s * 1000))
+            if not batch:
+                return out
+            for records in batch.values():
+                out.extend(orjson.loads(r.value) for r in records)
+    finally:
+        await consumer.stop()
+
+
+def decoded(letter: dict[str, Any]) -> bytes:
+    return base64.b64decode(letter["value_b64"])
+
+
+def metric(text: str, name: str) -> float:
+    """The value of an unlabelled metric in Prometheus text format (0 when absent)."""
+    for line in text.splitlines():
+        if line.startswith(name + " "):
+            return float(line.split()[1])
+    return 0.0

@@ -1,0 +1,192 @@
+"""The pipeline end to end on real brokers: logs and job events in, decisions out."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import urllib.error
+import urllib.request
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from sibylla.schemas.records import JobEvent
+from sibylla.streams.ship import Shipper
+from tests.integration.fixtures import (
+    DETERMINISTIC_LOG,
+    NONDETERMINISTIC_LOG,
+    collect_decisions,
+    decoded,
+    make_settings,
+    metric,
+    only_brokers,
+    read_all,
+    start_worker,
+)
+
+pytestmark = pytest.mark.integration
+
+
+async def _ship_job(shipper: Shipper, job_id: str, log: str | None, state: str,
+                    nodes: tuple[str, ...] = ("gpu-a01",)) -> None:
+    if log is not None:
+        await shipper.send_lines(job_id, log.splitlines(), eos=True)
+    await shipper.send_event(JobEvent(job_id, 0, "finished", state,
+                                      0 if state == "COMPLETED" else 1, None, nodes, 8))
+
+
+def test_failed_jobs_get_one_decision_and_completed_jobs_none(broker, unique_prefix: str,
+                                                              tmp_path: Path) -> None:
+    settings = make_settings(broker.bootstrap_servers, unique_prefix, tmp_path)
+    with start_worker(settings, tmp_path) as worker:
+
+        async def scenario() -> list:
+            async with Shipper(settings) as shipper:
+                await _ship_job(shipper, "job-shape", DETERMINISTIC_LOG, "FAILED")
+                await _ship_job(shipper, "job-nccl", NONDETERMINISTIC_LOG, "FAILED",
+                                ("gpu-b07", "gpu-b08"))
+                await _ship_job(shipper, "job-ok", "epoch 9 done\nsaved checkpoint", "COMPLETED")
+                await _ship_job(shipper, "job-silent", None, "NODE_FAIL", ("gpu-c01",))
+                await shipper.flush()
+            return await collect_decisions(
+                settings, {"job-shape", "job-nccl", "job-silent"}, timeout_s=90)
+
+        decisions = asyncio.run(scenario())
+        by_job = Counter(d.job_id for d in decisions)
+        assert by_job == {"job-shape": 1, "job-nccl": 1, "job-silent": 1}, worker.tail()
+        got = {d.job_id: d for d in decisions}
+        assert got["job-shape"].verdict == "deterministic"
+        assert got["job-shape"].action == "do_not_retry"
+        assert got["job-nccl"].verdict == "nondeterministic"
+        assert got["job-nccl"].action in ("retry", "retry_elsewhere")
+        assert got["job-silent"].verdict == "unknown"
+        assert got["job-silent"].action == "default_policy"
+        assert got["job-shape"].evidence, "a decision names the lines that drove it"
+        assert got["job-shape"].model_version
+
+        base = f"http://127.0.0.1:{settings.web_port}"
+        with urllib.request.urlopen(f"{base}/decisions/job-nccl", timeout=5) as resp:
+            assert json.loads(resp.read())["verdict"] == "nondeterministic"
+        with pytest.raises(urllib.error.HTTPError) as missing:
+            urllib.request.urlopen(f"{base}/decisions/job-ok", timeout=5)
+        assert missing.value.code == 404
+        text = worker.metrics_text()
+        lines = len(DETERMINISTIC_LOG.splitlines()) + len(NONDETERMINISTIC_LOG.splitlines()) + 2
+        assert metric(text, "sibylla_log_lines_ingested_total") == lines
+        assert 'sibylla_decisions_total{action="do_not_retry",verdict="deterministic"} 1.0' in text
+
+
+def test_bad_records_go_to_the_dead_letter_topic_and_the_worker_goes_on(
+        broker, unique_prefix: str, tmp_path: Path) -> None:
+    settings = make_settings(broker.bootstrap_servers, unique_prefix, tmp_path,
+                             max_line_bytes=1024)
+    bad = {
+        b"invalid-json": b'{"job_id": "j1", "line": ',
+        b"wrong-type": b'{"job_id": "j2", "attempt": "first", "line": "x"}',
+        b"no-job": b'{"line": "orphan line"}',
+        b"oversized": b'{"job_id": "j3", "line": "' + b"x" * 5000 + b'"}',
+        b"undecodable": b'{"job_id": "j4", "line": "\xff\xfe broken"}',
+    }
+    with start_worker(settings, tmp_path) as worker:
+
+        async def scenario() -> tuple[list, list]:
+            async with Shipper(settings) as shipper:
+                for key, value in bad.items():
+                    await shipper.send_raw(settings.topic("logs"), key, value)
+                await shipper.send_raw(settings.topic("job-events"), b"j5", b'{"job_id": "j5"}')
+                await _ship_job(shipper, "job-after", DETERMINISTIC_LOG, "FAILED")
+                await shipper.flush()
+            decisions = await collect_decisions(settings, {"job-after"}, timeout_s=90)
+            return decisions, await read_all(settings, "deadletter")
+
+        decisions, letters = asyncio.run(scenario())
+        assert [d.job_id for d in decisions] == ["job-after"], worker.tail()
+        originals = {decoded(letter): letter for letter in letters}
+        assert set(originals) == set(bad.values()) | {b'{"job_id": "j5"}'}
+        reasons = {k: originals[v]["reason"] for k, v in bad.items()}
+        assert "JSON" in reasons[b"invalid-json"]
+        assert "attempt" in reasons[b"wrong-type"]
+        assert "job_id" in reasons[b"no-job"]
+        assert "1024 bytes" in reasons[b"oversized"]
+        assert "UTF-8" in reasons[b"undecodable"] or "JSON" in reasons[b"undecodable"]
+        assert "event" in originals[b'{"job_id": "j5"}']["reason"]
+
+
+@only_brokers("kafka")
+def test_a_killed_worker_loses_no_line_and_no_decision(broker, unique_prefix: str,
+                                                       tmp_path: Path) -> None:
+    """SIGKILL mid-stream, restart on the same data dir: every job decided once, every line
+    counted exactly once (windows restored from the changelog, replays recognised)."""
+    settings = make_settings(broker.bootstrap_servers, unique_prefix, tmp_path,
+                             store="rocksdb")
+    jobs = [f"job-{i:02d}" for i in range(16)]
+    noise = [f"step {s} loss {1.0 / (s + 1):.4f} lr 3e-4" for s in range(300)]
+
+    async def first_half() -> None:
+        async with Shipper(settings) as shipper:
+            for job in jobs:
+                await shipper.send_lines(job, noise, batch_lines=20)
+            await shipper.flush()
+
+    async def second_half() -> list:
+        async with Shipper(settings) as shipper:
+            for i, job in enumerate(jobs):
+                log = DETERMINISTIC_LOG if i % 2 else NONDETERMINISTIC_LOG
+                await _ship_job(shipper, job, log, "FAILED")
+            await shipper.flush()
+        return await collect_decisions(settings, set(jobs), timeout_s=120)
+
+    worker = start_worker(settings, tmp_path, "first")
+    try:
+        asyncio.run(first_half())
+        # Kill it while it is still taking in the first half.
+        worker.kill()
+    finally:
+        worker.kill()
+    with start_worker(settings, tmp_path, "second") as second:
+        decisions = asyncio.run(second_half())
+        tail = second.tail()
+    counts = Counter(d.job_id for d in decisions)
+    assert set(counts) == set(jobs), tail
+    for decision in decisions:
+        # Replays after a crash may repeat a decision, never change it.
+        assert len({(d.verdict, d.category) for d in decisions
+                    if d.job_id == decision.job_id}) == 1
+    for i, job in enumerate(jobs):
+        log = DETERMINISTIC_LOG if i % 2 else NONDETERMINISTIC_LOG
+        expected_lines = len(noise) + len(log.splitlines())
+        assert {d.line_count for d in decisions if d.job_id == job} == {expected_lines}
+
+
+def test_two_workers_share_the_jobs_and_survive_one_leaving(broker, unique_prefix: str,
+                                                            tmp_path: Path) -> None:
+    settings = make_settings(broker.bootstrap_servers, unique_prefix, tmp_path)
+    other = make_settings(broker.bootstrap_servers, unique_prefix, tmp_path / "b")
+    first_wave = [f"wave1-{i:02d}" for i in range(20)]
+    second_wave = [f"wave2-{i:02d}" for i in range(20)]
+
+    async def ship(jobs: list[str]) -> None:
+        async with Shipper(settings) as shipper:
+            for i, job in enumerate(jobs):
+                await _ship_job(shipper, job, DETERMINISTIC_LOG if i % 2 else
+                                NONDETERMINISTIC_LOG, "FAILED")
+            await shipper.flush()
+
+    a = start_worker(settings, tmp_path, "a")
+    try:
+        b = start_worker(other, tmp_path, "b")
+        try:
+            asyncio.run(ship(first_wave))
+            decided = asyncio.run(collect_decisions(settings, set(first_wave), 120))
+            assert {d.job_id for d in decided} >= set(first_wave), b.tail()
+        finally:
+            b.stop()  # a graceful leave: the group rebalances onto worker a
+        asyncio.run(ship(second_wave))
+        everything = asyncio.run(
+            collect_decisions(settings, set(first_wave) | set(second_wave), 120))
+    finally:
+        a.stop()
+    counts = Counter(d.job_id for d in everything)
+    assert set(counts) == set(first_wave) | set(second_wave), a.tail()
+    assert all(n == 1 for n in counts.values()), counts

@@ -1,0 +1,134 @@
+"""The hand-written validators agree with the JSON Schema files outside tools validate with."""
+
+from __future__ import annotations
+
+import json
+from importlib import resources
+
+import jsonschema
+import orjson
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from sibylla.schemas.records import (
+    Decision,
+    FieldMap,
+    RecordError,
+    parse_job_event,
+    parse_log_record,
+)
+
+MAX_LINE = 512
+
+
+def _schema(name: str) -> dict:
+    return json.loads(resources.files("sibylla.schemas").joinpath(name).read_text())
+
+
+LOGLINE, LOGBATCH = _schema("logline.schema.json"), _schema("logbatch.schema.json")
+JOBEVENT, DECISION = _schema("jobevent.schema.json"), _schema("decision.schema.json")
+
+scalars = st.one_of(st.none(), st.booleans(), st.integers(-3, 3), st.text(max_size=8),
+                    st.floats(allow_nan=False, allow_infinity=False))
+line_obj = st.fixed_dictionaries(
+    {"line": st.one_of(st.text(max_size=40), scalars)},
+    optional={"stream": st.sampled_from(["stdout", "stderr", "tty", 3]), "ts": scalars})
+records = st.fixed_dictionaries(
+    {},
+    optional={
+        "job_id": st.one_of(st.text(max_size=10), scalars),
+        "attempt": st.one_of(st.integers(-2, 5), scalars),
+        "line": st.one_of(st.text(max_size=40), scalars),
+        "stream": st.sampled_from(["stdout", "stderr", "other"]),
+        "lines": st.one_of(st.lists(line_obj, max_size=4), scalars),
+        "eos": st.one_of(st.booleans(), scalars),
+    })
+
+
+def _schema_valid(record: dict) -> bool:
+    schema = LOGBATCH if "lines" in record else LOGLINE
+    try:
+        jsonschema.validate(record, schema)
+    except jsonschema.ValidationError:
+        return False
+    return True
+
+
+@settings(max_examples=400, deadline=None)
+@given(records)
+def test_log_parser_accepts_exactly_what_the_schema_accepts(record: dict) -> None:
+    if "lines" not in record and "line" not in record and record.get("eos") is True:
+        return  # a bare end-of-stream marker: a parser extension the schema does not require
+    try:
+        chunk = parse_log_record(orjson.dumps(record), MAX_LINE)
+    except RecordError:
+        accepted = False
+    else:
+        accepted = True
+        expected = ([e["line"] for e in record["lines"]] if "lines" in record
+                    else [record["line"]])
+        assert chunk.lines == expected
+        assert chunk.job_id == record["job_id"]
+    assert accepted == _schema_valid(record)
+
+
+@given(st.binary(max_size=64))
+def test_any_bytes_either_parse_or_raise_a_record_error(value: bytes) -> None:
+    try:
+        parse_log_record(value, MAX_LINE)
+    except RecordError as exc:
+        assert str(exc)
+
+
+def test_lines_longer_than_the_limit_are_rejected_with_the_limit_in_the_reason() -> None:
+    with pytest.raises(RecordError, match="512 bytes"):
+        parse_log_record(orjson.dumps({"job_id": "j", "line": "é" * 300}), MAX_LINE)
+
+
+def test_a_shipper_record_is_mapped_by_the_field_map() -> None:
+    fmap = FieldMap.parse("line=log,job_id=kubernetes.labels.job-name")
+    raw = {"log": "CUDA out of memory", "kubernetes": {"labels": {"job-name": "llm-7"}}}
+    chunk = parse_log_record(orjson.dumps(raw), MAX_LINE, fmap)
+    assert (chunk.job_id, chunk.lines) == ("llm-7", ["CUDA out of memory"])
+    with pytest.raises(ValueError, match="NAME=dotted.path"):
+        FieldMap.parse("line")
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.fixed_dictionaries(
+    {"job_id": st.one_of(st.text(min_size=1, max_size=8), scalars),
+     "event": st.sampled_from(["started", "finished", "paused"])},
+    optional={"state": st.sampled_from(["FAILED", "COMPLETED", "NODE_FAIL", "EXPLODED"]),
+              "exit_code": st.one_of(st.integers(-1, 300), scalars),
+              "nodes": st.one_of(st.lists(st.text(max_size=5), max_size=3), scalars),
+              "gpus": st.one_of(st.integers(-1, 16), scalars)}))
+def test_job_event_parser_agrees_with_the_schema(record: dict) -> None:
+    try:
+        parse_job_event(orjson.dumps(record))
+        accepted = True
+    except RecordError:
+        accepted = False
+    try:
+        jsonschema.validate(record, JOBEVENT)
+        valid = True
+    except jsonschema.ValidationError:
+        valid = False
+    assert accepted == valid
+
+
+@pytest.mark.parametrize(("state", "exit_code", "failed"), [
+    ("FAILED", 1, True), ("NODE_FAIL", None, True), ("OUT_OF_MEMORY", 137, True),
+    ("TIMEOUT", None, True), ("COMPLETED", 0, False), ("CANCELLED", 1, False),
+    (None, 3, True), (None, 0, False),
+])
+def test_which_finished_attempts_need_a_verdict(state, exit_code, failed) -> None:
+    record = {"job_id": "j", "event": "finished", "state": state, "exit_code": exit_code}
+    assert parse_job_event(orjson.dumps(record)).failed is failed
+
+
+def test_a_decision_is_valid_against_its_published_schema() -> None:
+    decision = Decision("j", 2, "deterministic", 0.99, "syntax_error", "do_not_retry", [],
+                        ["SyntaxError: invalid syntax"], "gru-1", 1.0, 12.5)
+    jsonschema.validate(orjson.loads(decision.to_json()), DECISION)
+    assert Decision.from_json(decision.to_json()) == decision

@@ -1,0 +1,79 @@
+"""The per-attempt window keeps what the classifier needs and never more than its limits."""
+
+from __future__ import annotations
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from sibylla.streams.window import TailWindow, WindowLimits
+
+LINES = st.lists(st.text(max_size=120).map(lambda s: s.replace("\n", " ")), max_size=300)
+LIMITS = st.builds(WindowLimits, max_lines=st.integers(1, 50),
+                   max_bytes=st.integers(256, 4096), first_error_max_lines=st.integers(0, 10))
+
+
+def _utf8(lines: list[str]) -> int:
+    return sum(len(line.encode()) for line in lines)
+
+
+@settings(max_examples=200, deadline=None)
+@given(limits=LIMITS, chunks=st.lists(LINES, max_size=5))
+def test_window_stays_within_its_limits_and_keeps_the_latest_lines(limits, chunks) -> None:
+    window = TailWindow(limits)
+    printed: list[str] = []
+    for chunk in chunks:
+        window.extend(chunk, now=1.0)
+        printed.extend(chunk)
+    tail = list(window.tail)
+    assert len(tail) <= limits.max_lines
+    assert _utf8(tail) <= limits.max_bytes
+    assert window.tail_bytes == _utf8(tail)
+    assert window.line_count == len(printed)
+    assert len(window.first_error) <= limits.first_error_max_lines
+    # The tail is the end of what was printed (lines longer than the window keep their end).
+    if tail:
+        assert printed[-1].endswith(tail[-1])
+        assert all(printed[len(printed) - len(tail) + i].endswith(line)
+                   for i, line in enumerate(tail))
+
+
+@settings(max_examples=100, deadline=None)
+@given(limits=LIMITS, lines=LINES)
+def test_a_window_survives_its_changelog_round_trip(limits, lines) -> None:
+    window = TailWindow(limits)
+    window.extend(lines, now=5.0)
+    window.eos = True
+    window.last_offset = 41
+    again = TailWindow.from_bytes(window.to_bytes(), limits)
+    assert list(again.tail) == list(window.tail)
+    assert again.first_error == window.first_error
+    assert (again.line_count, again.eos, again.last_offset) == (window.line_count, True, 41)
+    # It goes on collecting as the original would.
+    window.extend(["Traceback (most recent call last):", "x"], now=6.0)
+    again.extend(["Traceback (most recent call last):", "x"], now=6.0)
+    assert list(again.tail) == list(window.tail)
+    assert again.first_error == window.first_error
+
+
+def test_the_first_error_block_survives_teardown_noise() -> None:
+    limits = WindowLimits(max_lines=5, max_bytes=10_000, first_error_max_lines=3)
+    window = TailWindow(limits)
+    window.extend(["step 1 loss 0.3", "step 2 loss 0.2"], now=1.0)
+    window.extend(["Traceback (most recent call last):", '  File "train.py", line 9',
+                   "FileNotFoundError: /data/imagenet/train.lst"], now=2.0)
+    window.extend([f"[rank{r}] NCCL WARN socket closed" for r in range(40)], now=3.0)
+    assert window.first_error == ["Traceback (most recent call last):",
+                                  '  File "train.py", line 9',
+                                  "FileNotFoundError: /data/imagenet/train.lst"]
+    assert len(window.tail) == 5
+    assert window.tail[-1] == "[rank39] NCCL WARN socket closed"
+    assert window.to_log_window("j", 0).line_count == 45
+
+
+def test_a_job_printing_without_end_costs_no_more_than_its_window() -> None:
+    limits = WindowLimits(max_lines=100, max_bytes=8192, first_error_max_lines=10)
+    window = TailWindow(limits)
+    for step in range(20_000):
+        window.extend([f"step {step} loss {1 / (step + 1):.6f} " + "x" * 80], now=float(step))
+    assert window.memory_bytes <= limits.max_bytes
+    assert window.line_count == 20_000

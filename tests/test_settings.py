@@ -1,0 +1,42 @@
+"""Settings: one place, strict parsing, one clear line naming a bad setting."""
+
+from __future__ import annotations
+
+import pytest
+
+from sibylla.cli import main
+from sibylla.settings import Settings, SettingsError
+
+
+def test_environment_variables_are_typed() -> None:
+    s = Settings.from_env({"SIBYLLA_PARTITIONS": "8", "SIBYLLA_GRACE_PERIOD_S": "0.5",
+                           "SIBYLLA_STORE": "memory", "SIBYLLA_SECURITY_PROTOCOL": "sasl_ssl",
+                           "SIBYLLA_SASL_USERNAME": "svc", "SIBYLLA_SASL_PASSWORD": "hunter2"})
+    assert (s.partitions, s.grace_period_s, s.store) == (8, 0.5, "memory")
+    assert s.security_protocol == "SASL_SSL"
+    assert s.redacted()["sasl_password"] == "***"
+    assert s.topic("decisions") == "sibylla.decisions"
+
+
+@pytest.mark.parametrize(("env", "named"), [
+    ({"SIBYLLA_PARTITIONS": "four"}, "SIBYLLA_PARTITIONS"),
+    ({"SIBYLLA_PARTITIONS": "0"}, "partitions"),
+    ({"SIBYLLA_STORE": "redis"}, "SIBYLLA_STORE"),
+    ({"SIBYLLA_MIN_CONFIDENCE": "1.5"}, "min_confidence"),
+    ({"SIBYLLA_SECURITY_PROTOCOL": "SASL_PLAINTEXT"}, "sasl_username"),
+])
+def test_a_bad_value_names_the_setting(env: dict[str, str], named: str) -> None:
+    with pytest.raises(SettingsError, match=named):
+        Settings.from_env(env)
+
+
+def test_round_trip_through_child_process_environment() -> None:
+    s = Settings.from_env({}, partitions="6", topic_prefix="x.", web_port="0")
+    assert Settings.from_env(s.to_env()) == s
+
+
+def test_the_cli_stops_with_one_line_on_a_bad_setting(capsys, monkeypatch) -> None:
+    monkeypatch.setenv("SIBYLLA_BATCH_MAX_WINDOWS", "-3")
+    assert main(["worker", "--bootstrap-servers", "127.0.0.1:1"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "batch_max_windows" in err[0]
