@@ -26,6 +26,7 @@ from typing import Any
 
 import orjson
 from faust.types import TP
+
 from sibylla.inference.api import Classifier, LogWindow, Prediction
 from sibylla.schemas.records import (
     DeadLetter,

@@ -11,9 +11,9 @@ from dataclasses import dataclass
 from typing import Any
 
 import faust
-from sibylla.streams.fastpath import SibyllaApp
 
 from sibylla.settings import Settings
+from sibylla.streams.fastpath import SibyllaApp
 
 __all__ = ["Topology", "build_app"]
 

@@ -47,9 +47,8 @@ def register(subparsers: Any) -> None:
 
 
 def _worker(args: argparse.Namespace) -> int:
-    from sibylla.streams.worker import run_worker
-
     from sibylla.settings import SettingsError
+    from sibylla.streams.worker import run_worker
 
     settings = settings_from_args(args)
     if not settings.bootstrap_servers:

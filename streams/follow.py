@@ -6,8 +6,8 @@ import sys
 from collections.abc import AsyncIterator
 
 from aiokafka import AIOKafkaConsumer
-from sibylla.schemas.records import Decision
 
+from sibylla.schemas.records import Decision
 from sibylla.settings import Settings
 
 __all__ = ["follow_decisions", "print_decisions"]

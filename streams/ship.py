@@ -16,8 +16,8 @@ from typing import Any
 
 import orjson
 from aiokafka import AIOKafkaProducer
-from sibylla.schemas.records import JobEvent
 
+from sibylla.schemas.records import JobEvent
 from sibylla.settings import Settings
 
 __all__ = ["Shipper", "ship_file"]

@@ -18,6 +18,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 import orjson
+
 from sibylla.inference.api import LogWindow, is_error_start
 
 __all__ = ["TailWindow", "WindowLimits"]

@@ -15,14 +15,14 @@ from typing import Any
 import faust
 from faust.web import Request, Response, View
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
 from sibylla.inference.api import Classifier
+from sibylla.settings import Settings
 from sibylla.streams.agents import Pipeline
 from sibylla.streams.app import build_app
 from sibylla.streams.keys import attempt_key
 from sibylla.streams.lag import LagProbe
 from sibylla.streams.topics import ensure_topics
-
-from sibylla.settings import Settings
 
 __all__ = ["build_worker", "run_worker"]
 

@@ -75,7 +75,7 @@ async def collect_decisions(settings: Settings, expected: set[str], timeout_s: f
 
     try:
         await asyncio.wait_for(read(), timeout=max(0.1, deadline - time.monotonic()))
-    except asyncio.TimeoutError:
+    except TimeoutError:
         pass
     return found
 
