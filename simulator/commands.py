@@ -12,6 +12,7 @@ from collections import Counter
 from pathlib import Path
 
 import numpy as np
+
 from sibylla.simulator import ettr
 from sibylla.simulator.confusion import ASSUMED, CLASSES, ConfusionMatrix
 from sibylla.simulator.jobs import FAILING, Job

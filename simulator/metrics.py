@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
+
 from sibylla.simulator.scheduler import SimResult
 
 __all__ = ["PolicyMetrics", "deterministic_shares", "format_table", "jct_hours", "measure"]

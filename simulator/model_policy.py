@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import orjson
+
 from sibylla.inference.taxonomy import DETERMINISTIC, NONDETERMINISTIC
 from sibylla.simulator.jobs import FAILING, Job
 
@@ -45,7 +46,7 @@ def generated_logs(jobs: Sequence[Job], seed: int = 0) -> dict[str, str]:
     by_category: dict[str, list[Job]] = defaultdict(list)
     for job, category in _categorised(jobs, seed):
         by_category[category].append(job)
-    logs = {}
+    logs: dict[str, str] = {}
     for k, (category, group) in enumerate(sorted(by_category.items())):
         records = generate(len(group), seed * 1000 + k, categories=[category])
         logs.update((job.job_id, record.log) for job, record in zip(group, records, strict=True))
@@ -83,7 +84,7 @@ def corpus_logs(
     return logs
 
 
-def _window(job_id: str, log: str):  # type: ignore[no-untyped-def]
+def _window(job_id: str, log: str) -> Any:
     from sibylla.inference.api import LogWindow, is_error_start
 
     lines = log.split("\n")

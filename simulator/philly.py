@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import orjson
+
 from sibylla.simulator.jobs import Job
 
 __all__ = ["PhillyTrace", "jobs_from_philly", "read_philly"]

@@ -4,14 +4,16 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
+
 from sibylla.simulator.metrics import PolicyMetrics
 
 __all__ = ["plot_ettr", "plot_gpu_hours", "plot_jct_cdf", "plot_mttf"]
 
 
-def _pyplot():  # type: ignore[no-untyped-def]
+def _pyplot() -> Any:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -20,7 +22,7 @@ def _pyplot():  # type: ignore[no-untyped-def]
     return plt
 
 
-def _label(ax, labels: tuple[str, str, str]) -> None:  # type: ignore[no-untyped-def]
+def _label(ax: Any, labels: tuple[str, str, str]) -> None:
     """Label the axes (x, y, title) and add the grid and legend."""
     ax.set_xlabel(labels[0])
     ax.set_ylabel(labels[1])
@@ -29,7 +31,7 @@ def _label(ax, labels: tuple[str, str, str]) -> None:  # type: ignore[no-untyped
     ax.legend(fontsize=8)
 
 
-def _save(fig, ax, labels: tuple[str, str, str], path: Path) -> Path:  # type: ignore[no-untyped-def]
+def _save(fig: Any, ax: Any, labels: tuple[str, str, str], path: Path) -> Path:
     """Label ``ax`` (x, y, title) and write the figure as a PNG."""
     if ax is not None:
         _label(ax, labels)

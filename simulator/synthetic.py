@@ -14,6 +14,7 @@ import math
 from dataclasses import dataclass, field
 
 import numpy as np
+
 from sibylla.inference.taxonomy import DETERMINISTIC, NONDETERMINISTIC
 from sibylla.simulator.jobs import Job
 

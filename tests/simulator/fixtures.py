@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from hypothesis import strategies as st
+
 from sibylla.simulator.jobs import Job
 
 HOUR = 3600.0

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+
 from sibylla.inference.api import Prediction
 from sibylla.simulator.metrics import measure
 from sibylla.simulator.model_policy import corpus_logs, generated_logs, model_verdicts

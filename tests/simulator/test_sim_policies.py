@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+
 from sibylla.simulator.confusion import ConfusionMatrix
 from sibylla.simulator.metrics import measure
 from sibylla.simulator.policies import ConfusionPolicy, FixedRetries, NeverRetry, Oracle

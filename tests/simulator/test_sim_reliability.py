@@ -7,6 +7,7 @@ import math
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+
 from sibylla.schemas.records import JobEvent
 from sibylla.simulator.reliability import (
     DAY_S,

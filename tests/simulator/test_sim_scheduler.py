@@ -7,11 +7,11 @@ from collections import defaultdict
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+
 from sibylla.simulator.confusion import ASSUMED
 from sibylla.simulator.metrics import measure
 from sibylla.simulator.policies import ConfusionPolicy, FixedRetries, NeverRetry, Oracle
 from sibylla.simulator.scheduler import SimResult, simulate
-
 from tests.simulator.fixtures import HOUR, job, traces
 
 POLICIES = st.sampled_from(

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
+
 from sibylla.simulator.metrics import deterministic_shares
 from sibylla.simulator.philly import jobs_from_philly, read_philly
 from sibylla.simulator.policies import FixedRetries
