@@ -151,10 +151,10 @@ class Settings:
         for name, value in overrides.items():
             if value is None:
                 continue
-            f = _FIELDS.get(name)
-            if f is None:
+            known = _FIELDS.get(name)
+            if known is None:
                 raise SettingsError(f"unknown setting {name!r}")
-            values[name] = _parse(f, value, source=f"--{name.replace('_', '-')}")
+            values[name] = _parse(known, value, source=f"--{name.replace('_', '-')}")
         return cls(**values)
 
     def __post_init__(self) -> None:

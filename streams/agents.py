@@ -36,6 +36,7 @@ from sibylla.schemas.records import (
     parse_job_event,
     parse_log_record,
 )
+from sibylla.simulator.reliability import FailureRateEstimator
 from sibylla.streams.app import Topology
 from sibylla.streams.batcher import MicroBatcher
 from sibylla.streams.keys import attempt_key, partition_of, split_key
@@ -74,6 +75,8 @@ class Pipeline:
             classifier.predict, s.batch_max_windows, s.batch_max_wait_ms / 1000.0,
             on_batch=self.metrics.on_batch,
         )
+        # r_f and MTTF from the job events of this worker's partitions (exported as metrics).
+        self.reliability = FailureRateEstimator()
         self._requested: dict[str, float] = {}  # attempt key -> when a decision was requested
         self._last_sweep: dict[int, float] = {}
 
@@ -200,6 +203,7 @@ class Pipeline:
             await self._dead_letter(event, str(exc), "terminations")
             return
         self.metrics.job_events.labels(event=job.event, state=job.state or "").inc()
+        self.reliability.observe(job, time.time())
         if job.event != "finished":
             return
         key = attempt_key(job.job_id, job.attempt)

@@ -17,7 +17,7 @@ from sibylla.streams.fastpath import SibyllaApp
 
 __all__ = ["Topology", "build_app"]
 
-RAW = {"key_serializer": "raw", "value_serializer": "raw"}
+RAW: dict[str, Any] = {"key_serializer": "raw", "value_serializer": "raw"}
 
 
 @dataclass

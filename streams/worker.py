@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
+import time
 from typing import Any
 
 import faust
@@ -29,6 +31,8 @@ __all__ = ["build_worker", "run_worker"]
 log = logging.getLogger(__name__)
 
 LAG_EVERY_S = 5.0
+RELIABILITY_EVERY_S = 10.0
+MTTF_JOB_NODES = (1, 16, 128, 1024, 2048)  # job sizes the MTTF gauge is projected for
 
 
 def _register_pages(pipeline: Pipeline) -> None:
@@ -66,6 +70,19 @@ def _register_lag(pipeline: Pipeline) -> None:
         await probe.close()
 
 
+def _register_reliability(pipeline: Pipeline) -> None:
+    @pipeline.t.app.timer(RELIABILITY_EVERY_S, name="reliability_metrics")
+    async def reliability_metrics() -> None:
+        now = time.time()
+        rate = pipeline.reliability.rate_per_node_day(now)[0]
+        if math.isnan(rate):
+            return
+        pipeline.metrics.failure_rate.set(rate)
+        for nodes in MTTF_JOB_NODES:
+            pipeline.metrics.mttf_hours.labels(nodes=str(nodes)).set(
+                pipeline.reliability.mttf_hours(nodes, now))
+
+
 def build_worker(settings: Settings, classifier: Classifier | None = None) -> Pipeline:
     """The pipeline with every agent, timer and page registered (not running yet)."""
     if classifier is None:
@@ -77,6 +94,7 @@ def build_worker(settings: Settings, classifier: Classifier | None = None) -> Pi
     pipeline.register()
     _register_pages(pipeline)
     _register_lag(pipeline)
+    _register_reliability(pipeline)
     return pipeline
 
 
