@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 import orjson
@@ -30,6 +30,7 @@ from faust.types import TP
 from sibylla.inference.api import Classifier, LogWindow, Prediction
 from sibylla.schemas.records import (
     DeadLetter,
+    Decision,
     FieldMap,
     JobEvent,
     RecordError,
@@ -78,6 +79,9 @@ class Pipeline:
         # r_f and MTTF from the job events of this worker's partitions (exported as metrics).
         self.reliability = FailureRateEstimator()
         self._requested: dict[str, float] = {}  # attempt key -> when a decision was requested
+        # Called for each new decision inside the decide agent's event context (table writes
+        # there land on the job's partition): online learning keeps the window it needs.
+        self.decided_hooks: list[Callable[[LogWindow, Decision], Awaitable[None]]] = []
         self._last_sweep: dict[int, float] = {}
 
     # ---------------------------------------------------------------- set-up
@@ -294,3 +298,5 @@ class Pipeline:
             self._requested.pop(key, None)
             self.metrics.decisions.labels(verdict=decision.verdict, action=decision.action).inc()
             self.metrics.decision_latency.observe(decision.latency_ms / 1000.0)
+            for hook in self.decided_hooks:
+                await hook(window, decision)
