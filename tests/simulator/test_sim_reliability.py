@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from sibylla.schemas.records import JobEvent
@@ -95,3 +95,39 @@ def test_estimator_without_exposure_reports_no_rate():
     est = FailureRateEstimator()
     assert math.isnan(est.rate_per_node_day(0)[0])
     assert math.isnan(est.mttf_hours(8, 0))
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    st.lists(
+        st.tuples(
+            st.integers(0, 10),  # start, hours
+            st.integers(1, 48),  # run time, hours
+            st.integers(1, 4),  # nodes
+            st.sampled_from(["COMPLETED", "FAILED", "NODE_FAIL"]),
+        ),
+        min_size=1,
+        max_size=20,
+    ),
+    st.randoms(use_true_random=False),
+)
+def test_redelivery_and_reordering_do_not_change_the_rate(attempts, rng):
+    events = []
+    for i, (start, run, nodes, state) in enumerate(attempts):
+        events.append(ev(f"j{i}", "started", start * 3600.0, nodes=nodes))
+        events.append(ev(f"j{i}", "finished", (start + run) * 3600.0, state, nodes=nodes))
+    once = FailureRateEstimator()
+    for e in events:
+        once.observe(e, now=0)
+    # At-least-once delivery: some events twice; jobs interleaved (each job's own order kept).
+    shuffled = FailureRateEstimator()
+    noisy = [e for e in events for _ in range(rng.choice([1, 2]))]
+    for i in rng.sample(range(len(attempts)), len(attempts)):
+        for e in noisy:
+            if e.job_id == f"j{i}":
+                shuffled.observe(e, now=0)
+    end = 100 * 3600.0
+    assert shuffled.failures == once.failures == sum(a[3] == "NODE_FAIL" for a in attempts)
+    assert shuffled.node_days(end) == pytest.approx(once.node_days(end))
+    expected = sum(run * nodes for _, run, nodes, _ in attempts) / 24
+    assert once.node_days(end) == pytest.approx(expected)

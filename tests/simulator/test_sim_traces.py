@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from sibylla.simulator.metrics import deterministic_shares
 from sibylla.simulator.philly import jobs_from_philly, read_philly
@@ -108,3 +110,48 @@ def test_cluster_is_sized_for_the_load_but_never_below_the_largest_job():
     assert servers_for_load(jobs, 8, 1e6) == 4  # 32-GPU jobs need four 8-GPU servers
     with pytest.raises(ValueError):
         servers_for_load([], 8, 0.5)
+
+
+_TIMES = st.one_of(
+    st.none(),
+    st.just(""),
+    st.just("None"),
+    st.builds(
+        lambda d, s: f"2017-10-{d:02d} 01:{s // 60:02d}:{s % 60:02d}",
+        st.integers(1, 28),
+        st.integers(0, 3599),
+    ),
+    st.text(max_size=12),
+)
+_ENTRIES = st.fixed_dictionaries(
+    {
+        "status": st.sampled_from(["Pass", "Killed", "Failed", "Running"]),
+        "jobid": st.text(max_size=8),
+        "submitted_time": _TIMES,
+        "attempts": st.lists(
+            st.fixed_dictionaries(
+                {
+                    "start_time": _TIMES,
+                    "end_time": _TIMES,
+                    "detail": st.lists(
+                        st.fixed_dictionaries(
+                            {"ip": st.just("m1"), "gpus": st.lists(st.just("gpu0"), max_size=8)}
+                        ),
+                        max_size=2,
+                    ),
+                }
+            ),
+            max_size=3,
+        ),
+    }
+)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(_ENTRIES, max_size=15))
+def test_every_philly_entry_is_either_replayable_or_counted_as_skipped(entries):
+    trace = jobs_from_philly(entries)
+    assert len(trace.jobs) + sum(trace.skipped.values()) == len(entries)
+    assert all(j.submit >= 0 and j.gpus >= 1 and j.duration > 0 for j in trace.jobs)
+    if trace.jobs:
+        assert min(j.submit for j in trace.jobs) == 0
