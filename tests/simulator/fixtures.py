@@ -1,9 +1,10 @@
-"""Small traces for the simulator tests, built by hand or drawn by hypothesis."""
+"""Small traces for the simulator tests (by hand or by hypothesis) and a stand-in classifier."""
 
 from __future__ import annotations
 
 from hypothesis import strategies as st
 
+from sibylla.inference.api import Prediction
 from sibylla.simulator.jobs import Job
 
 HOUR = 3600.0
@@ -39,3 +40,40 @@ def traces(draw: st.DrawFn, max_gpus: int = 8, max_jobs: int = 25) -> list[Job]:
             )
         )
     return sorted(jobs, key=lambda j: j.submit)
+
+
+CORPUS = [
+    {
+        "label": "deterministic",
+        "category": "syntax_error",
+        "log": "epoch 1\nTraceback (most recent call last):\nSyntaxError: invalid syntax",
+    },
+    {
+        "label": "nondeterministic",
+        "category": "",
+        "log": "step 10\nNCCL WARN Watchdog caught collective operation timeout",
+    },
+]
+
+
+class KeywordClassifier:
+    """Stands in for the shipped model: reads the window the stream would have kept."""
+
+    version = "keyword-test"
+
+    def __init__(self):
+        self.batches = []
+
+    def predict(self, windows):
+        self.batches.append(len(windows))
+        return [
+            Prediction(
+                "deterministic"
+                if any("SyntaxError" in line for line in w.first_error)
+                else "nondeterministic",
+                0.9,
+                "",
+                [],
+            )
+            for w in windows
+        ]

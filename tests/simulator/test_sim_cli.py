@@ -6,6 +6,7 @@ import json
 import re
 
 from sibylla.cli import main
+from tests.simulator.fixtures import CORPUS, KeywordClassifier
 
 
 def test_simulate_prints_every_policy_as_json(capsys, tmp_path):
@@ -74,3 +75,32 @@ def test_reliability_estimates_the_rate_from_job_events(capsys, tmp_path):
     out = capsys.readouterr().out
     assert "r_f = 2.000e-02" in out  # 2 failures over 100 node-days
     assert "95% CI" in out and "1 bad records" in out
+
+
+def test_simulate_with_the_model_adds_its_row(capsys, tmp_path, monkeypatch):
+    import sibylla.inference
+
+    loaded = []
+
+    def load_classifier(path=None):
+        loaded.append(path)
+        return KeywordClassifier()
+
+    monkeypatch.setattr(sibylla.inference, "load_classifier", load_classifier, raising=False)
+    corpus = tmp_path / "logs.jsonl"
+    corpus.write_text("\n".join(json.dumps(e) for e in CORPUS))
+    argv = [
+        "simulate",
+        "--jobs",
+        "1000",
+        "--json",
+        "--no-plots",
+        "--model",
+        "m.safetensors",
+        "--model-logs",
+        str(corpus),
+    ]
+    assert main(argv) == 0
+    rows = {p["policy"]: p for p in json.loads(capsys.readouterr().out)["policies"]}
+    assert loaded == ["m.safetensors"]
+    assert rows["sibylla-model"]["futile_retry_gpu_h"] == rows["oracle"]["futile_retry_gpu_h"]

@@ -4,48 +4,12 @@ from __future__ import annotations
 
 import pytest
 
-from sibylla.inference.api import Prediction
 from sibylla.simulator.metrics import measure
 from sibylla.simulator.model_policy import corpus_logs, generated_logs, model_verdicts
 from sibylla.simulator.policies import Oracle, VerdictPolicy
 from sibylla.simulator.scheduler import simulate
 from sibylla.simulator.synthetic import generate, servers_for_load
-
-CORPUS = [
-    {
-        "label": "deterministic",
-        "category": "syntax_error",
-        "log": "epoch 1\nTraceback (most recent call last):\nSyntaxError: invalid syntax",
-    },
-    {
-        "label": "nondeterministic",
-        "category": "",
-        "log": "step 10\nNCCL WARN Watchdog caught collective operation timeout",
-    },
-]
-
-
-class KeywordClassifier:
-    """Stands in for the shipped model: reads the window the stream would have kept."""
-
-    version = "keyword-test"
-
-    def __init__(self):
-        self.batches = []
-
-    def predict(self, windows):
-        self.batches.append(len(windows))
-        return [
-            Prediction(
-                "deterministic"
-                if any("SyntaxError" in line for line in w.first_error)
-                else "nondeterministic",
-                0.9,
-                "",
-                [],
-            )
-            for w in windows
-        ]
+from tests.simulator.fixtures import CORPUS, KeywordClassifier
 
 
 def test_a_classifier_that_is_always_right_matches_the_oracle():
