@@ -26,6 +26,9 @@ class Cluster:
         self._buckets: list[set[int]] = [set() for _ in range(gpus_per_server + 1)]
         self._buckets[gpus_per_server] = set(range(servers))
         self.free_gpus = servers * gpus_per_server
+        # (most free GPUs on one server, wholly free servers): a scheduling pass asks "does it
+        # fit?" for many queued jobs between two placements, so it is cached until one changes.
+        self._headroom: tuple[int, int] | None = None
 
     @property
     def total_gpus(self) -> int:
@@ -34,11 +37,12 @@ class Cluster:
     def fits(self, gpus: int) -> bool:
         """Whether a job of ``gpus`` GPUs can be placed now."""
         g = self.gpus_per_server
-        if gpus > self.free_gpus:
-            return False
+        if self._headroom is None:
+            largest = next((f for f in range(g, 0, -1) if self._buckets[f]), 0)
+            self._headroom = (largest, len(self._buckets[g]))
         if gpus <= g:
-            return any(self._buckets[f] for f in range(gpus, g + 1))
-        return len(self._buckets[g]) >= -(-gpus // g)
+            return gpus <= self._headroom[0]
+        return -(-gpus // g) <= self._headroom[1]
 
     def place(self, gpus: int) -> Allocation:
         """Take ``gpus`` GPUs; the caller checked :meth:`fits`."""
@@ -67,6 +71,7 @@ class Cluster:
     def _move(self, server: int, new_free: int) -> None:
         if not 0 <= new_free <= self.gpus_per_server:
             raise RuntimeError(f"server {server} would have {new_free} free GPUs")
+        self._headroom = None
         self._buckets[self.free[server]].discard(server)
         self._buckets[new_free].add(server)
         self.free_gpus += new_free - self.free[server]

@@ -88,7 +88,8 @@ def simulate(
             raise ValueError(f"job {job.job_id} needs {job.gpus} GPUs; the cluster is smaller")
     events: list[tuple[float, int, int]] = [(j.submit, _ARRIVAL, i) for i, j in enumerate(jobs)]
     heapq.heapify(events)
-    queue: OrderedDict[int, tuple[int, int, float]] = OrderedDict()  # seq -> (job, n, enqueued)
+    # seq -> (job, attempt number, enqueued, run time, result), in the order they queued
+    queue: OrderedDict[int, tuple[int, int, float, float, Result]] = OrderedDict()
     running: dict[int, Attempt] = {}
     ends: list[tuple[float, int, int]] = []  # (end, seq, gpus) of running attempts, sorted
     attempts: list[Attempt] = []
@@ -96,8 +97,13 @@ def simulate(
     finished = [0.0] * len(jobs)
     seq = 0
 
-    def start(key: int, now: float, run: float, result: Result) -> None:
-        i, number, enqueued = queue.pop(key)
+    def enqueue(i: int, number: int, now: float) -> None:
+        nonlocal seq
+        queue[seq] = (i, number, now, *_outcome(jobs[i], number, seed, retry_success))
+        seq += 1
+
+    def start(key: int, now: float) -> None:
+        i, number, enqueued, run, result = queue.pop(key)
         attempt = Attempt(
             i, number, enqueued, now, now + run, jobs[i].gpus, cluster.place(jobs[i].gpus), result
         )
@@ -119,7 +125,7 @@ def simulate(
     def schedule(now: float) -> None:
         shadow: float | None = None
         spare = 0
-        for key, (i, number, _) in list(islice(queue.items(), backfill_depth)):
+        for key, (i, _, _, run, _) in list(islice(queue.items(), backfill_depth)):
             if cluster.free_gpus == 0:
                 return
             gpus = jobs[i].gpus
@@ -127,20 +133,16 @@ def simulate(
                 if shadow is None:
                     shadow, spare = reservation(gpus, now)
                 continue
-            run, result = _outcome(jobs[i], number, seed, retry_success)
-            if shadow is None:
-                start(key, now, run, result)
-            elif now + run <= shadow:
-                start(key, now, run, result)
+            if shadow is None or now + run <= shadow:
+                start(key, now)
             elif gpus <= spare:
                 spare -= gpus
-                start(key, now, run, result)
+                start(key, now)
 
     while events:
         now, kind, x = heapq.heappop(events)
         if kind == _ARRIVAL:
-            queue[seq] = (x, 0, now)
-            seq += 1
+            enqueue(x, 0, now)
         else:
             attempt = running.pop(x)
             cluster.release(attempt.allocation)
@@ -148,8 +150,7 @@ def simulate(
             attempts.append(attempt)
             i = attempt.job
             if attempt.result == "failed" and policy.retry(i, jobs[i], attempt.number):
-                queue[seq] = (i, attempt.number + 1, now)
-                seq += 1
+                enqueue(i, attempt.number + 1, now)
             else:
                 status[i], finished[i] = attempt.result, now
         if queue and (not events or events[0][0] > now):
