@@ -208,7 +208,8 @@ def _estimate(args: argparse.Namespace) -> tuple[float, float | None, float | No
 def run_reliability(args: argparse.Namespace) -> int:
     rate, lo, hi, source = _estimate(args)
     if not rate > 0:
-        print(f"sibylla reliability: no failure rate to project ({source})", file=sys.stderr)
+        bound = f"; 95% upper bound {hi:.2e} per node-day" if hi is not None else ""
+        print(f"sibylla reliability: no failure rate to project ({source}{bound})", file=sys.stderr)
         return 1
     write, restart = args.write_min / 60, args.restart_min / 60
     per_node = args.gpus_per_node

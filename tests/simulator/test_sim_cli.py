@@ -104,3 +104,23 @@ def test_simulate_with_the_model_adds_its_row(capsys, tmp_path, monkeypatch):
     rows = {p["policy"]: p for p in json.loads(capsys.readouterr().out)["policies"]}
     assert loaded == ["m.safetensors"]
     assert rows["sibylla-model"]["futile_retry_gpu_h"] == rows["oracle"]["futile_retry_gpu_h"]
+
+
+def test_reliability_without_failures_gives_the_upper_bound_only(capsys, tmp_path):
+    events = tmp_path / "events.jsonl"
+    events.write_text(
+        json.dumps({"job_id": "a", "event": "started", "ts": 0, "nodes": ["n1"]})
+        + "\n"
+        + json.dumps(
+            {
+                "job_id": "a",
+                "event": "finished",
+                "ts": 86_400,
+                "state": "COMPLETED",
+                "nodes": ["n1"],
+            }
+        )
+        + "\n"
+    )
+    assert main(["reliability", "--events", str(events), "--no-plots"]) == 1
+    assert "upper bound 3.69e+00 per node-day" in capsys.readouterr().err
