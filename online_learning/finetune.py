@@ -1,0 +1,78 @@
+"""Fine-tuning the current model on new plus replayed examples (a wrapper around
+``sibylla.inference.train.train_model(..., init_from=...)``).
+
+The one thing added here: the vocabulary grows. A checkpoint's vocabulary is fixed at training
+time, so the words of a failure phrasing the model never saw (a new library's exception name,
+a new driver's banner) all map to ``<oov>`` and no amount of fine-tuning can tell them apart.
+Tokens seen in at least ``min_count`` new logs join the vocabulary; their embedding rows start
+small and random, every other weight is copied, so the grown model predicts exactly as the old
+one on old inputs until it is trained. The current checkpoint is never modified: the gate still
+needs it as the baseline.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import logging
+from collections import Counter
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from sibylla.inference.checkpoint import Checkpoint
+from sibylla.inference.features import window_tokens
+from sibylla.inference.model import RecurrentClassifier
+from sibylla.inference.preprocess import window_from_text
+from sibylla.inference.train import Example, TrainConfig, train_model
+from sibylla.inference.vocab import Vocabulary
+
+__all__ = ["fine_tune", "grow_vocabulary"]
+
+log = logging.getLogger(__name__)
+
+NEW_ROW_STD = 0.02  # new embedding rows: near zero, so they barely move the model untrained
+
+
+def grow_vocabulary(checkpoint: Checkpoint, examples: Sequence[Example], min_count: int
+                    ) -> Checkpoint:
+    """A copy of ``checkpoint`` whose vocabulary also holds the frequent new tokens."""
+    known = checkpoint.vocab.index
+    counts: Counter[str] = Counter()
+    for ex in examples:
+        counts.update({t for t in window_tokens(window_from_text(ex.log))[0] if t not in known})
+    new = sorted(t for t, c in counts.items() if c >= min_count)
+    model = copy.deepcopy(checkpoint.model)
+    if not new:
+        return Checkpoint(model, checkpoint.vocab, dict(checkpoint.meta))
+    config = dataclasses.replace(model.config, vocab_size=len(known) + len(new))
+    grown = RecurrentClassifier(config)
+    state = model.state_dict()
+    old = state["embed.weight"]  # (V_old, E)
+    state["embed.weight"] = torch.cat([old, torch.randn(len(new), old.shape[1]) * NEW_ROW_STD])
+    grown.load_state_dict(state)
+    grown.eval()
+    log.info("vocabulary grows by %d tokens to %d", len(new), config.vocab_size)
+    return Checkpoint(grown, Vocabulary(checkpoint.vocab.tokens + new), dict(checkpoint.meta))
+
+
+def _config_of(checkpoint: Checkpoint, **overrides: Any) -> TrainConfig:
+    """The checkpoint's training config (defaults where it has none) with ``overrides``."""
+    raw = dict(checkpoint.meta.get("train_config") or {})
+    fields = {f.name for f in dataclasses.fields(TrainConfig)}
+    kept = {k: tuple(v) if isinstance(v, list) else v for k, v in raw.items() if k in fields}
+    return dataclasses.replace(TrainConfig(**kept), **overrides)
+
+
+def fine_tune(checkpoint: Checkpoint, examples: Sequence[Example], epochs: int, lr: float,
+              seed: int = 0, min_count: int = 3) -> Checkpoint:
+    """A new checkpoint: ``checkpoint`` (vocabulary grown) trained further on ``examples``.
+
+    Labels are real logs, but the stream already varies them, so no augmented copies are made
+    (``real_copies=0``): a fine-tune costs one pass per example per epoch.
+    """
+    base = grow_vocabulary(checkpoint, examples, min_count)
+    config = _config_of(base, epochs=epochs, lr=lr, seed=seed, real_copies=0, synthetic=0,
+                        real_files=())
+    return train_model(examples, config, init_from=base)

@@ -1,0 +1,84 @@
+"""Settings of the online-learning loop, built from ``SIBYLLA_*`` variables like :class:`Settings`.
+
+Kept apart from :class:`sibylla.settings.Settings` because only the worker's votes agent and the
+trainer read them; parsing and bounds reuse the same strict helpers, so
+``SIBYLLA_GATE_TOLERANCE=abc`` stops start-up with a line naming the setting. No
+``from __future__ import annotations``: the parser reads the fields' real types.
+"""
+
+import dataclasses
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from sibylla.settings import ENV_PREFIX, SettingsError, _check_bounds, _parse
+
+__all__ = ["OnlineSettings"]
+
+
+def _setting(default: Any, help: str, **extra: Any) -> Any:
+    return field(default=default, metadata={"help": help, **extra})
+
+
+@dataclass(frozen=True)
+class OnlineSettings:
+    """Vote rule, trainer schedule, promotion gate and model storage."""
+
+    # --- votes (see online_learning/votes.py for the rule) ------------------------------------
+    operator_weight: float = _setting(10.0, "Weight of an operator's label.", min=0.0)
+    outcome_weight: float = _setting(2.0, "Weight of the retry-outcome vote.", min=0.0)
+    committee_weight: float = _setting(
+        0.5, "Weight of one committee model's vote, times its confidence.", min=0.0)
+    label_min_weight: float = _setting(
+        1.5, "Weight the winning label's votes must sum to.", min=0.0)
+    label_min_margin: float = _setting(
+        0.5, "Winning minus losing weight a label needs (ties never label).", min=0.0)
+
+    # --- trainer ------------------------------------------------------------------------------
+    models_dir: Path = _setting(Path("sibylla-models"),
+                                "Where the trainer writes promoted models and its index.")
+    model_name: str = _setting("sibylla-classifier", "Key of announcements on sibylla.models.")
+    finetune_every: int = _setting(200, "Fine-tune after this many new labels.", min=1)
+    drift_min_labels: int = _setting(
+        50, "Fewest new labels a drift-triggered fine-tune waits for.", min=1)
+    drift_threshold: float = _setting(
+        0.3, "Committee-vs-outcome disagreement rate that signals drift.", min=0.0, max=1.0)
+    drift_window: int = _setting(200, "Recent labels the disagreement rate is taken over.", min=1)
+    replay_size: int = _setting(2000, "Older examples kept for replay (per verdict class).",
+                                min=1)
+    replay_ratio: float = _setting(
+        1.0, "Replayed examples per new example in a fine-tune.", min=0.0)
+    holdout_every: int = _setting(
+        5, "Every Nth label goes to the validation set and is never trained on.", min=2)
+    holdout_size: int = _setting(500, "Most recent held-back labels kept.", min=1)
+    finetune_epochs: int = _setting(2, "Epochs of one fine-tune.", min=1)
+    finetune_lr: float = _setting(1e-3, "Learning rate of a fine-tune.", min=0.0)
+    gate_tolerance: float = _setting(
+        0.01, "A candidate may be this much less accurate than the current model.", min=0.0)
+    gate_precision_tolerance: float = _setting(
+        0.0, "Allowed drop of deterministic precision (0: must not drop).", min=0.0)
+    trainer_metrics_port: int = _setting(9466, "Port of the trainer's /metrics (0: none).",
+                                         min=0, max=65535)
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None, **overrides: Any) -> "OnlineSettings":
+        """Settings from ``SIBYLLA_*`` variables, then ``overrides`` (typed or str)."""
+        env = os.environ if env is None else env
+        fields = {f.name: f for f in dataclasses.fields(cls)}
+        values: dict[str, Any] = {}
+        for f in fields.values():
+            raw = env.get(ENV_PREFIX + f.name.upper())
+            if raw is not None:
+                values[f.name] = _parse(f, raw, source=ENV_PREFIX + f.name.upper())
+        for name, value in overrides.items():
+            if name not in fields:
+                raise SettingsError(f"unknown setting {name!r}")
+            if value is not None:
+                values[name] = _parse(fields[name], value, source=f"--{name.replace('_', '-')}")
+        return cls(**values)
+
+    def __post_init__(self) -> None:
+        for f in dataclasses.fields(self):
+            _check_bounds(f, getattr(self, f.name), f.name)

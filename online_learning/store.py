@@ -1,0 +1,105 @@
+"""The trainer's model registry: a directory of model files plus an index of every candidate.
+
+``<models_dir>/<version>.safetensors`` for each promoted model (workers load it from there, so
+the directory is a volume they share), and ``index.json``: every candidate with its scores and
+whether it was promoted, plus which version is current. The index is rewritten atomically
+(temp file, rename), so a crash never leaves half an index; ``sibylla models list|rollback``
+read and change it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from sibylla.inference.checkpoint import Checkpoint, load_checkpoint, save_checkpoint
+
+from .announce import sha256_file
+
+__all__ = ["ModelEntry", "ModelStore"]
+
+INDEX = "index.json"
+INDEX_VERSION = 1
+
+
+@dataclass
+class ModelEntry:
+    """One candidate: its scores and, when promoted, its file and checksum."""
+
+    version: str
+    status: str  # "promoted", "rejected" or "base"
+    scores: dict[str, Any] = field(default_factory=dict)
+    reasons: list[str] = field(default_factory=list)
+    file: str = ""
+    sha256: str = ""
+    parent: str | None = None
+    trained_until: float = 0.0  # labeled_at of the newest label it was trained on
+    created_at: float = field(default_factory=time.time)
+
+
+class ModelStore:
+    """See module docstring. Not safe for two trainers at once (there is one trainer)."""
+
+    def __init__(self, root: str | Path) -> None:
+        self.root = Path(root)
+        self.root.mkdir(parents=True, exist_ok=True)
+        self._index = self._read()
+
+    def _read(self) -> dict[str, Any]:
+        path = self.root / INDEX
+        if not path.is_file():
+            return {"v": INDEX_VERSION, "current": None, "models": []}
+        index: dict[str, Any] = json.loads(path.read_text())
+        if index.get("v") != INDEX_VERSION:
+            raise ValueError(f"{path}: index version {index.get('v')!r}, expected "
+                             f"{INDEX_VERSION}")
+        return index
+
+    def _write(self) -> None:
+        fd, tmp = tempfile.mkstemp(dir=self.root, suffix=".tmp")
+        with os.fdopen(fd, "w") as fh:
+            json.dump(self._index, fh, indent=1, sort_keys=True)
+        os.replace(tmp, self.root / INDEX)
+
+    def entries(self) -> list[ModelEntry]:
+        return [ModelEntry(**raw) for raw in self._index["models"]]
+
+    def get(self, version: str) -> ModelEntry:
+        for entry in self.entries():
+            if entry.version == version and entry.file:
+                return entry
+        raise KeyError(f"no stored model {version!r}")
+
+    @property
+    def current(self) -> ModelEntry | None:
+        version = self._index["current"]
+        return self.get(version) if version else None
+
+    def path(self, entry: ModelEntry) -> Path:
+        return self.root / entry.file
+
+    def load(self, entry: ModelEntry) -> Checkpoint:
+        return load_checkpoint(self.path(entry))
+
+    def record(self, entry: ModelEntry, checkpoint: Checkpoint | None = None) -> ModelEntry:
+        """Add ``entry``; with ``checkpoint``, also write its file (promoted or base models)."""
+        if checkpoint is not None:
+            entry.file = f"{entry.version}.safetensors"
+            save_checkpoint(checkpoint.model, checkpoint.vocab, checkpoint.meta,
+                            self.path(entry))
+            entry.sha256 = sha256_file(self.path(entry))
+        self._index["models"].append(asdict(entry))
+        self._write()
+        return entry
+
+    def set_current(self, version: str) -> ModelEntry:
+        """Make a stored model the current one (promotion, or an operator's rollback)."""
+        entry = self.get(version)
+        self._index["current"] = version
+        self._write()
+        return entry
