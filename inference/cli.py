@@ -1,0 +1,154 @@
+"""``sibylla train``, ``sibylla evaluate`` and ``sibylla classify``.
+
+Registering the subcommands imports nothing heavy; torch and the models load inside the
+handlers, so that other ``sibylla`` commands start instantly.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+from typing import Any
+
+__all__ = ["register"]
+
+logger = logging.getLogger(__name__)
+
+HELD_OUT = "real_public_d.jsonl"
+ACTIONS = {"deterministic": "do_not_retry", "nondeterministic": "retry",
+           "unknown": "default_policy"}
+
+
+def register(subparsers: Any) -> None:
+    """Add the classifier's subcommands to the ``sibylla`` parser."""
+    train = subparsers.add_parser(
+        "train", help="train the failure classifier (reproduces the shipped model)",
+        description="Train on the generated logs plus the real training file, calibrate, score "
+                    "on the held-out real logs and save. Same seed, same model.")
+    train.add_argument("--out", default="", help="output file (default: the shipped model)")
+    train.add_argument("--seed", type=int, default=None)
+    train.add_argument("--cell", choices=["gru", "lstm"], default=None)
+    train.add_argument("--epochs", type=int, default=None)
+    train.add_argument("--synthetic", type=int, default=None, help="generated logs to train on")
+    train.add_argument("--threads", type=int, default=None, help="torch threads (default 1)")
+    train.set_defaults(func=_train)
+
+    evaluate = subparsers.add_parser(
+        "evaluate", help="score the model and the baselines on a corpus file",
+        description="Accuracy, macro-F1, per-class precision/recall, deterministic precision at "
+                    "the operating threshold, abstention, confusion matrix and per-category "
+                    "accuracy of the model and of every baseline.")
+    evaluate.add_argument("--data", default="", help=f"corpus JSONL (default: packaged {HELD_OUT})")
+    evaluate.add_argument("--model", default="", help="model file (default: the shipped model)")
+    evaluate.add_argument("--json", action="store_true", help="one JSON object on stdout")
+    evaluate.set_defaults(func=_evaluate)
+
+    classify = subparsers.add_parser(
+        "classify", help="classify one job's log and explain the verdict",
+        description="Prints verdict, confidence, category, scheduler action and evidence lines.")
+    classify.add_argument("file", nargs="?", default="-", help="log file, or - for stdin")
+    classify.add_argument("--model", default="", help="model file (default: the shipped model)")
+    classify.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto")
+    classify.add_argument("--min-confidence", type=float, default=0.0)
+    classify.add_argument("--json", action="store_true")
+    classify.set_defaults(func=_classify)
+
+
+def _train(args: argparse.Namespace) -> int:
+    from .checkpoint import save_checkpoint, shipped_model_path
+    from .corpus import load_records, packaged_path
+    from .engine import ModelClassifier
+    from .evaluate import evaluate_file
+    from .train import (
+        TrainConfig,
+        default_training_records,
+        examples_from_records,
+        train_model,
+        with_overrides,
+    )
+
+    config = with_overrides(TrainConfig(), seed=args.seed, cell=args.cell, epochs=args.epochs,
+                            synthetic=args.synthetic, threads=args.threads)
+    records = default_training_records(config)
+    checkpoint = train_model(examples_from_records(records), config)
+    held_out = load_records(packaged_path(HELD_OUT))
+    report = evaluate_file(ModelClassifier(checkpoint, device="cpu"), held_out, records)
+    checkpoint.meta["metrics"] = {
+        "held_out_file": HELD_OUT,
+        **{name: {k: row[k] for k in ("accuracy", "macro_f1", "deterministic_precision",
+                                      "abstention_rate")}
+           for name, row in report["rows"].items()},
+    }
+    path = save_checkpoint(checkpoint.model, checkpoint.vocab, checkpoint.meta,
+                           args.out or shipped_model_path())
+    print(f"saved {checkpoint.meta['version']} to {path} "
+          f"({checkpoint.meta['trained_seconds']} s of training)")
+    from .evaluate import format_table
+
+    print(f"held-out real logs ({HELD_OUT}, {len(held_out)} records):")
+    print(format_table(report))
+    return 0
+
+
+def _evaluate(args: argparse.Namespace) -> int:
+    from .checkpoint import ModelLoadError
+    from .corpus import load_records, packaged_path
+    from .engine import load_classifier
+    from .evaluate import evaluate_file, format_table
+
+    try:
+        model = load_classifier(args.model or None, device="cpu")
+        records = load_records(args.data or packaged_path(HELD_OUT))
+    except (ModelLoadError, ValueError, OSError) as exc:
+        print(f"sibylla evaluate: {exc}", file=sys.stderr)
+        return 2
+    report = evaluate_file(model, records)
+    if args.json:
+        print(json.dumps(report, sort_keys=True))
+        return 0
+    print(f"{args.data or HELD_OUT}: {len(records)} records; model {model.version} at "
+          f"threshold {model.threshold:.2f}")
+    if report["overlap_with_training"]:
+        print(f"WARNING: {report['overlap_with_training']} records share a source with the "
+              "training data; these are not held-out scores")
+    print(format_table(report))
+    m = report["model"]
+    print("\nmodel per class:", json.dumps(m["per_class"]))
+    print("model confusion (true -> predicted):", json.dumps(m["confusion"]))
+    print("model per category:")
+    for cat, row in m["per_category"].items():
+        print(f"  {cat:30s} n={row['n']:3d} verdict {row['verdict_accuracy']:.2f} "
+              f"category {row['category_accuracy']:.2f}")
+    return 0
+
+
+def _classify(args: argparse.Namespace) -> int:
+    from .checkpoint import ModelLoadError
+    from .engine import load_classifier
+    from .preprocess import window_from_text
+
+    try:
+        text = sys.stdin.read() if args.file == "-" else open(args.file, encoding="utf-8",
+                                                                errors="replace").read()
+        classifier = load_classifier(args.model or None, args.device, args.min_confidence)
+    except (ModelLoadError, OSError) as exc:
+        print(f"sibylla classify: {exc}", file=sys.stderr)
+        return 2
+    prediction = classifier.predict([window_from_text(text, job_id=args.file)])[0]
+    action = ACTIONS[prediction.verdict]
+    if args.json:
+        print(json.dumps({"verdict": prediction.verdict, "confidence": prediction.confidence,
+                          "category": prediction.category, "action": action,
+                          "evidence": prediction.evidence, "model_version": classifier.version}))
+        return 0
+    print(f"verdict:    {prediction.verdict}")
+    print(f"confidence: {prediction.confidence:.3f} (threshold {classifier.threshold:.2f})")
+    print(f"category:   {prediction.category}")
+    print(f"action:     {action}")
+    print("evidence:")
+    for line in prediction.evidence:
+        print(f"  {line}")
+    print(f"model:      {classifier.version}")
+    return 0

@@ -1,0 +1,93 @@
+"""Corpus records: reading JSON Lines files, hashing them, and splitting without leakage.
+
+A record is one failed job (see the Corpus files section of the conventions). Splits are by
+``source`` (the issue thread a real log came from, the template family of a generated one), so
+that no thread ever sits on both sides of an evaluation.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+from collections.abc import Iterable, Sequence
+from dataclasses import asdict, dataclass
+from importlib import resources
+from pathlib import Path
+
+from .taxonomy import CATEGORIES, label_of
+
+__all__ = [
+    "REAL_FILES",
+    "Record",
+    "data_hash",
+    "load_records",
+    "packaged_path",
+    "split_by_source",
+]
+
+logger = logging.getLogger(__name__)
+
+# The real corpus shipped in the package: file a trains the shipped model, file d (other
+# projects entirely) is held out for the headline numbers.
+REAL_FILES = ("real_public_a.jsonl", "real_public_d.jsonl")
+
+
+@dataclass(frozen=True, slots=True)
+class Record:
+    """One labeled failure log."""
+
+    id: str
+    source: str
+    framework: str
+    category: str
+    label: str
+    log: str
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), ensure_ascii=False)
+
+
+def packaged_path(name: str) -> Path:
+    """Path of a data file shipped in ``sibylla.inference/data``."""
+    return Path(str(resources.files("sibylla.inference") / "data" / name))
+
+
+def load_records(path: str | Path) -> list[Record]:
+    """Records of a JSON Lines corpus file; a bad line raises ``ValueError`` naming it."""
+    out = []
+    with open(path, encoding="utf-8") as fh:
+        for n, line in enumerate(fh, 1):
+            if not line.strip():
+                continue
+            try:
+                raw = json.loads(line)
+                rec = Record(**{k: raw[k] for k in Record.__dataclass_fields__})
+            except (KeyError, TypeError, json.JSONDecodeError) as exc:
+                raise ValueError(f"{path}:{n}: not a corpus record ({exc})") from None
+            if rec.category not in CATEGORIES or label_of(rec.category) != rec.label:
+                raise ValueError(f"{path}:{n}: category {rec.category!r}/label {rec.label!r} "
+                                 "is not in the taxonomy")
+            out.append(rec)
+    return out
+
+
+def data_hash(records: Iterable[Record]) -> str:
+    """SHA-256 over the records in order: names the exact data a model was trained on."""
+    h = hashlib.sha256()
+    for rec in records:
+        h.update(rec.to_json().encode())
+        h.update(b"\n")
+    return h.hexdigest()
+
+
+def split_by_source(records: Sequence[Record], test_fraction: float, salt: str = ""
+                    ) -> tuple[list[Record], list[Record]]:
+    """(train, test) with every source wholly on one side, chosen by a stable hash."""
+    def bucket(source: str) -> float:
+        digest = hashlib.sha256((salt + source).encode()).digest()
+        return int.from_bytes(digest[:8], "big") / 2**64
+
+    train = [r for r in records if bucket(r.source) >= test_fraction]
+    test = [r for r in records if bucket(r.source) < test_fraction]
+    return train, test

@@ -1,0 +1,162 @@
+"""Micro-batched inference: the :class:`~.api.Classifier` the stream agents call.
+
+Windows arrive in micro-batches of very different lengths (a two-line ``Killed`` next to a
+500-token traceback). Padding them all to the longest wastes most of a recurrent pass, so the
+windows are sorted by length and cut into buckets of similar length; each bucket is one padded
+forward pass. On CUDA the model runs in half precision. ``predict`` blocks: agents call it from
+a worker thread, never from the event loop.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+import math
+import threading
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from .api import LogWindow, Prediction
+from .checkpoint import Checkpoint, load_checkpoint
+from .features import MAX_TOKENS, Encoded, encode_window, pad_batch
+from .model import RecurrentClassifier
+from .taxonomy import CATEGORIES, DETERMINISTIC, LABELS
+
+__all__ = [
+    "NO_LOG",
+    "ModelClassifier",
+    "VerdictScores",
+    "load_classifier",
+    "pick_device",
+    "score_sequences",
+]
+
+logger = logging.getLogger(__name__)
+
+NO_LOG = "no_log"  # category of a window with no lines at all
+EVIDENCE_LINES = 3
+
+
+def pick_device(device: str = "auto") -> torch.device:
+    """CUDA when asked for or (``auto``) present, else CPU."""
+    if device == "cuda" or (device == "auto" and torch.cuda.is_available()):
+        if not torch.cuda.is_available():
+            raise RuntimeError("device=cuda but no CUDA device is available")
+        return torch.device("cuda")
+    if device not in ("auto", "cpu"):
+        raise ValueError(f"device must be auto, cpu or cuda, not {device!r}")
+    return torch.device("cpu")
+
+
+class VerdictScores:
+    """Per-window outputs of one scoring pass, in input order (numpy-free lists)."""
+
+    def __init__(self, n: int) -> None:
+        self.verdict_logits: list[list[float]] = [[0.0, 0.0]] * n
+        self.category_probs: list[list[float]] = [[0.0] * len(CATEGORIES)] * n
+        self.attention: list[list[float]] = [[] for _ in range(n)]
+
+
+@torch.inference_mode()
+def score_sequences(model: RecurrentClassifier, seqs: Sequence[Sequence[int]],
+                    batch_size: int = 64, device: torch.device | None = None) -> VerdictScores:
+    """Run ``model`` over id sequences in length buckets of at most ``batch_size``."""
+    device = device or next(model.parameters()).device
+    out = VerdictScores(len(seqs))
+    order = sorted(range(len(seqs)), key=lambda i: len(seqs[i]))
+    for start in range(0, len(order), batch_size):
+        idx = order[start : start + batch_size]
+        x = pad_batch([seqs[i] for i in idx]).to(device)
+        logits, _ = model(x)
+        verdict = logits.verdict.float().cpu().tolist()
+        category = torch.softmax(logits.category.float(), dim=1).cpu().tolist()
+        attention = logits.attention.float().cpu().tolist()
+        for row, i in enumerate(idx):
+            out.verdict_logits[i] = verdict[row]
+            out.category_probs[i] = category[row]
+            out.attention[i] = attention[row][: len(seqs[i])]
+    return out
+
+
+def _softmax2(logits: Sequence[float], temperature: float) -> tuple[float, float]:
+    a, b = logits[0] / temperature, logits[1] / temperature
+    m = max(a, b)
+    ea, eb = math.exp(a - m), math.exp(b - m)
+    return ea / (ea + eb), eb / (ea + eb)
+
+
+def _evidence(enc: Encoded, attention: Sequence[float]) -> list[str]:
+    """The lines that received most attention, in log order."""
+    weight: dict[int, float] = {}
+    for owner, w in zip(enc.owners, attention, strict=False):
+        if enc.lines[owner].shown:
+            weight[owner] = weight.get(owner, 0.0) + w
+    top = sorted(sorted(weight, key=weight.__getitem__, reverse=True)[:EVIDENCE_LINES])
+    return [enc.lines[i].shown for i in top]
+
+
+class ModelClassifier:
+    """A loaded recurrent model behind the :class:`~.api.Classifier` protocol."""
+
+    def __init__(self, checkpoint: Checkpoint, device: str = "auto", min_confidence: float = 0.0,
+                 batch_size: int = 64) -> None:
+        self.device = pick_device(device)
+        self.model = checkpoint.model.to(self.device).eval()
+        if self.device.type == "cuda":
+            self.model.half()
+        self.vocab = checkpoint.vocab
+        self.meta: dict[str, Any] = checkpoint.meta
+        self.temperature = float(self.meta.get("temperature", 1.0))
+        self.threshold = min_confidence or float(self.meta.get("threshold", 0.5))
+        self.batch_size = batch_size
+        self._lock = threading.Lock()  # one forward pass at a time per model
+
+    @property
+    def version(self) -> str:
+        return str(self.meta.get("version", "unversioned"))
+
+    def with_threshold(self, threshold: float) -> ModelClassifier:
+        """The same model deciding at another confidence threshold (0: never abstain)."""
+        other = copy.copy(self)
+        other.threshold = threshold
+        return other
+
+    def predict(self, windows: Sequence[LogWindow]) -> list[Prediction]:
+        encoded = [encode_window(w, self.vocab, MAX_TOKENS) for w in windows]
+        live = [i for i, enc in enumerate(encoded) if enc.ids]
+        with self._lock:
+            scores = score_sequences(self.model, [encoded[i].ids for i in live],
+                                     self.batch_size, self.device)
+        out = [Prediction("unknown", 0.0, NO_LOG, []) for _ in windows]
+        for row, i in enumerate(live):
+            out[i] = self._decide(encoded[i], scores.verdict_logits[row],
+                                  scores.category_probs[row], scores.attention[row])
+        return out
+
+    def _decide(self, enc: Encoded, verdict_logits: Sequence[float],
+                category_probs: Sequence[float], attention: Sequence[float]) -> Prediction:
+        p_det, p_nondet = _softmax2(verdict_logits, self.temperature)
+        label = LABELS[0] if p_det >= p_nondet else LABELS[1]
+        confidence = max(p_det, p_nondet)
+        # The category agrees with the verdict: the most likely category of that verdict.
+        is_det = label == LABELS[0]
+        allowed = [i for i, c in enumerate(CATEGORIES) if (c in DETERMINISTIC) == is_det]
+        category = CATEGORIES[max(allowed, key=lambda i: category_probs[i])]
+        verdict = label if confidence >= self.threshold else "unknown"
+        return Prediction(verdict, round(confidence, 4), category, _evidence(enc, attention))
+
+
+def load_classifier(model_path: str | None = None, device: str = "auto",
+                    min_confidence: float = 0.0) -> ModelClassifier:
+    """The classifier the pipeline uses: the shipped model unless ``model_path`` names one.
+
+    ``min_confidence`` 0 keeps the threshold calibrated at training time; raises
+    :class:`~.checkpoint.ModelLoadError` when the file cannot be used.
+    """
+    checkpoint = load_checkpoint(model_path or None)
+    classifier = ModelClassifier(checkpoint, device=device, min_confidence=min_confidence)
+    logger.info("loaded classifier %s on %s (threshold %.3f)", classifier.version,
+                classifier.device, classifier.threshold)
+    return classifier

@@ -1,0 +1,66 @@
+"""Scores of verdict predictions against labels, with abstention counted honestly.
+
+An ``unknown`` verdict is never right: it lowers accuracy and recall (the job falls back to
+the scheduler's default policy) but not precision. ``macro_f1`` therefore rewards a model only
+for the verdicts it commits to; ``decided_accuracy`` is the accuracy on those alone.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import Counter
+from collections.abc import Sequence
+from typing import Any
+
+from .taxonomy import LABELS
+
+__all__ = ["score"]
+
+logger = logging.getLogger(__name__)
+
+
+def _ratio(num: int, den: int) -> float:
+    return round(num / den, 4) if den else 0.0
+
+
+def score(labels: Sequence[str], verdicts: Sequence[str], categories: Sequence[str],
+          predicted_categories: Sequence[str]) -> dict[str, Any]:
+    """Accuracy, macro-F1, per-class precision/recall, abstention, confusion, per category."""
+    n = len(labels)
+    pairs = list(zip(labels, verdicts, strict=True))
+    per_class = {}
+    for cls in LABELS:
+        tp = sum(y == cls and p == cls for y, p in pairs)
+        predicted = sum(p == cls for _, p in pairs)
+        actual = sum(y == cls for y, _ in pairs)
+        precision, recall = _ratio(tp, predicted), _ratio(tp, actual)
+        f1 = round(2 * precision * recall / (precision + recall), 4) if precision + recall else 0.0
+        per_class[cls] = {"precision": precision, "recall": recall, "f1": f1, "support": actual}
+    decided = [(y, p) for y, p in pairs if p != "unknown"]
+    confusion: dict[str, dict[str, int]] = {
+        y: dict(Counter(p for yy, p in pairs if yy == y)) for y in LABELS
+    }
+    per_category: dict[str, dict[str, float]] = {}
+    for cat in sorted(set(categories)):
+        rows = [i for i, c in enumerate(categories) if c == cat]
+        per_category[cat] = {
+            "n": len(rows),
+            "verdict_accuracy": _ratio(sum(labels[i] == verdicts[i] for i in rows), len(rows)),
+            "category_accuracy": _ratio(sum(categories[i] == predicted_categories[i]
+                                            for i in rows), len(rows)),
+        }
+    return {
+        "n": n,
+        "accuracy": _ratio(sum(y == p for y, p in pairs), n),
+        "macro_f1": round(sum(c["f1"] for c in per_class.values()) / len(LABELS), 4),
+        "deterministic_precision": per_class["deterministic"]["precision"],
+        "deterministic_recall": per_class["deterministic"]["recall"],
+        "nondeterministic_recall": per_class["nondeterministic"]["recall"],
+        "abstention_rate": _ratio(n - len(decided), n),
+        "decided_accuracy": _ratio(sum(y == p for y, p in decided), len(decided)),
+        "category_accuracy": _ratio(sum(c == p for c, p in zip(categories, predicted_categories,
+                                                               strict=True)), n),
+        "per_class": per_class,
+        "confusion": confusion,
+        "per_category": per_category,
+    }

@@ -1,0 +1,233 @@
+"""Turn raw log lines into the token sequence a model reads; shared by training and serving.
+
+Three steps, each a pure function so that the property tests can pin them down:
+
+1. :func:`redact` removes secrets (tokens, keys, passwords) before a line is stored, logged or
+   shown as evidence.
+2. :func:`mask` replaces what varies between jobs and tells nothing about the cause (numbers,
+   hex, paths, IPs, timestamps, UUIDs, URLs) by placeholders, so that a model learns
+   ``CUDA out of memory. Tried to allocate <num> GiB`` once instead of memorising sizes, hosts
+   and user names: this is what lets it generalise to clusters it has never seen.
+3. :func:`select_lines` keeps the lines that matter: the first error block (the root cause,
+   often printed long before the job dies) and the tail (how it died), with repeats from
+   interleaved ranks collapsed; :func:`tokenize` splits them into words.
+
+A corpus record holds one text, while the stream hands over a :class:`LogWindow`;
+:func:`window_from_text` rebuilds the window the stream would have kept, so a model is trained
+on exactly what it sees in production.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from collections.abc import Iterable, Sequence
+from typing import NamedTuple
+
+from .api import LogWindow, is_error_start
+
+__all__ = [
+    "LINE_BREAK",
+    "SEPARATOR",
+    "SEPARATOR_LINE",
+    "Line",
+    "mask",
+    "model_lines",
+    "redact",
+    "select_lines",
+    "tokenize",
+    "tokens_of_lines",
+    "window_from_text",
+]
+
+logger = logging.getLogger(__name__)
+
+# Placeholder tokens; they survive tokenization as single words.
+SEPARATOR = "<sep>"  # between the first error block and the tail
+LINE_BREAK = "<nl>"  # end of one line: lets the recurrent encoder see line structure
+
+# Defaults mirror sibylla.settings (window_max_lines, first_error_max_lines).
+TAIL_LINES = 256
+FIRST_ERROR_LINES = 48
+
+_SECRETS = [
+    # key=value style credentials: password=..., api_key: ..., token="..."
+    re.compile(
+        r"(?i)\b([\w-]*(?:password|passwd|pwd|secret|api[_-]?key|access[_-]?key|token)"
+        r"['\"]?\s*[=:]\s*['\"]?)(?!<secret>)[^\s'\",;]+"
+    ),
+    re.compile(r"(?i)\b(authorization:\s*(?:bearer|basic|token)\s+)\S+"),
+    re.compile(r"(?i)\b(bearer\s+)[A-Za-z0-9._~+/=-]{8,}"),
+    # well-known token shapes: Hugging Face, GitHub, OpenAI-style, Slack, AWS access keys, JWTs
+    re.compile(r"()\b(?:hf|ghp|gho|ghs|github_pat|sk|xox[abp])[_-][A-Za-z0-9_-]{16,}"),
+    re.compile(r"()\bAKIA[0-9A-Z]{16}\b"),
+    re.compile(r"()\beyJ[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]{8,}"),
+    # credentials inside URLs: scheme://user:password@host
+    re.compile(r"(\w+://[^\s:/@]+:)[^\s@/]+(?=@)"),
+    re.compile(r"()-----BEGIN [A-Z ]*PRIVATE KEY-----.*?(?:-----END [A-Z ]*PRIVATE KEY-----|$)"),
+]
+
+
+def redact(line: str) -> str:
+    """``line`` with every credential-looking value replaced by ``<secret>``."""
+    for pattern in _SECRETS:
+        line = pattern.sub(lambda m: m.group(1) + "<secret>", line)
+    return line
+
+
+# Order matters: the most specific shapes first, so a UUID is not masked as hex and numbers,
+# a timestamp not as numbers, a URL not as a path.
+_MASKS: list[tuple[re.Pattern[str], str]] = [
+    (re.compile(r"\b[a-z][a-z0-9+.-]*://\S+", re.I), " <url> "),
+    (re.compile(r"\b[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}\b", re.I),
+     " <uuid> "),
+    (re.compile(
+        r"\b\d{4}-\d{2}-\d{2}[T ]\d{2}:\d{2}(?::\d{2}(?:[.,]\d+)?)?(?:Z|[+-]\d{2}:?\d{2})?"
+        r"|\b[EWIF]\d{4} \d{2}:\d{2}:\d{2}(?:\.\d+)?"
+        r"|\b\d{1,2}:\d{2}:\d{2}(?:\.\d+)?\b"
+        r"|\b(?:Mon|Tue|Wed|Thu|Fri|Sat|Sun) (?:Jan|Feb|Mar|Apr|May|Jun|Jul|Aug|Sep|Oct|Nov|Dec)"
+        r" +\d{1,2}\b"
+    ), " <ts> "),
+    (re.compile(r"\b(?:\d{1,3}\.){3}\d{1,3}(?::\d+)?\b|\[?\b[0-9a-f]{1,4}(?::[0-9a-f]{0,4}){4,7}\]?",
+                re.I), " <ip> "),
+    # Windows and POSIX paths: keep the basename, it often names the failing module.
+    (re.compile(r"(?<![\w<>?.])(?:[A-Za-z]:|~|\.{1,3})?(?:[\\/][^\s\\/:\"'`(),;<>\[\]{}|“”]+)+"
+                r"[\\/]"), " <path>/"),
+    (re.compile(r"\b0x[0-9a-f]+\b|\b(?=[0-9a-f]*\d)(?=[0-9a-f]*[a-f])[0-9a-f]{8,}\b", re.I),
+     " <hex> "),
+    (re.compile(r"(?<![A-Za-z_\d])[-+]?\d+(?:[.,]\d+)*(?:e[-+]?\d+)?"), " <num> "),
+]
+
+
+def mask(line: str) -> str:
+    """``line`` with job-specific values replaced by placeholders (see module docstring)."""
+    for pattern, placeholder in _MASKS:
+        line = pattern.sub(placeholder, line)
+    return line
+
+
+def window_from_text(
+    text: str,
+    job_id: str = "",
+    tail_lines: int = TAIL_LINES,
+    first_error_lines: int = FIRST_ERROR_LINES,
+) -> LogWindow:
+    """The window the stream agent would have kept of a job that printed ``text``."""
+    lines = text.splitlines()
+    first_error: list[str] = []
+    for i, line in enumerate(lines):
+        if is_error_start(line):
+            first_error = lines[i : i + first_error_lines]
+            break
+    return LogWindow(
+        job_id=job_id,
+        attempt=0,
+        tail=lines[-tail_lines:] if tail_lines else [],
+        first_error=first_error,
+        line_count=len(lines),
+    )
+
+
+class Line(NamedTuple):
+    """One selected line: as shown to people (secrets redacted) and as the model reads it."""
+
+    shown: str
+    masked: str
+
+
+SEPARATOR_LINE = Line("", SEPARATOR)
+
+
+def _prepare(lines: Iterable[str], skip: set[str]) -> list[Line]:
+    """Redacted and masked lines, dropping blanks and repeats (ranks print the same error)."""
+    out = []
+    for line in lines:
+        shown = redact(line)
+        masked = mask(shown)
+        key = masked.strip()
+        if key and key not in skip:
+            skip.add(key)
+            out.append(Line(shown.strip(), masked))
+    return out
+
+
+def select_lines(window: LogWindow, max_tail: int = 48) -> tuple[list[Line], list[Line]]:
+    """(first error block, tail) of ``window``, redacted and masked, repeats collapsed.
+
+    Only the last ``max_tail`` distinct tail lines are kept: the tail's job is to show how the
+    process died, and the lines before are mostly progress noise.
+    """
+    seen: set[str] = set()
+    first = _prepare(window.first_error, seen)
+    tail = _prepare(window.tail, seen)[-max_tail:]
+    return first, tail
+
+
+_CAMEL = re.compile(r"(?<=[a-z])(?=[A-Z])|(?<=[A-Z])(?=[A-Z][a-z])")
+_TOKEN = re.compile(r"<[a-z]+>|[A-Za-z]+|[^\sA-Za-z0-9_]")
+
+
+def tokenize(line: str, max_tokens: int = 64) -> list[str]:
+    """Lower-case words of a masked line, CamelCase split, punctuation kept as tokens.
+
+    Splitting ``ModuleNotFoundError`` into ``module not found error`` lets the model recognise
+    exception classes it never saw (``HfHubHTTPError``) from their parts.
+    """
+    out: list[str] = []
+    for tok in _TOKEN.findall(line):
+        if tok.startswith("<") and tok.endswith(">") and len(tok) > 2:
+            out.append(tok)
+        elif tok[0].isalpha():
+            out.extend(part.lower() for part in _CAMEL.split(tok) if part)
+        else:
+            out.append(tok)
+        if len(out) >= max_tokens:
+            return out[:max_tokens]
+    return out
+
+
+def model_lines(window: LogWindow, max_tail: int = 48) -> list[Line]:
+    """The lines the model reads, in order, with a separator between error block and tail."""
+    first, tail = select_lines(window, max_tail)
+    return [*first, SEPARATOR_LINE, *tail]
+
+
+def tokens_of_lines(lines: Sequence[Line], max_tokens: int, max_line_tokens: int = 64
+                    ) -> tuple[list[str], list[int]]:
+    """Tokens of ``lines`` (``<nl>`` after each) and, per token, the index of its line.
+
+    The first error block is kept from its start and the tail from its end: when the budget
+    of ``max_tokens`` runs out, the middle goes, because the root cause sits at the start of
+    the block and the death at the end of the tail.
+    """
+    per_line = [
+        ([SEPARATOR] if line is SEPARATOR_LINE
+         else tokenize(line.masked, max_line_tokens) + [LINE_BREAK])
+        for line in lines
+    ]
+    total = sum(len(toks) for toks in per_line)
+    if total > max_tokens:
+        head_budget = max_tokens // 2
+        used = 0
+        sep = next((i for i, line in enumerate(lines) if line is SEPARATOR_LINE), len(lines))
+        head_idx = []
+        for i in range(sep):
+            if used + len(per_line[i]) > head_budget:
+                break
+            head_idx.append(i)
+            used += len(per_line[i])
+        tail_idx = []
+        for i in range(len(lines) - 1, len(head_idx) - 1, -1):
+            if used + len(per_line[i]) > max_tokens:
+                break
+            tail_idx.append(i)
+            used += len(per_line[i])
+        keep = set(head_idx) | set(tail_idx)
+        per_line = [toks if i in keep else [] for i, toks in enumerate(per_line)]
+    tokens: list[str] = []
+    owners: list[int] = []
+    for i, toks in enumerate(per_line):
+        tokens.extend(toks)
+        owners.extend([i] * len(toks))
+    return tokens[:max_tokens], owners[:max_tokens]
+
