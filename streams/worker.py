@@ -86,7 +86,7 @@ def _register_reliability(pipeline: Pipeline) -> None:
 def build_worker(settings: Settings, classifier: Classifier | None = None) -> Pipeline:
     """The pipeline with every agent, timer and page registered (not running yet)."""
     if classifier is None:
-        from sibylla.inference import load_classifier
+        from sibylla.inference.engine import load_classifier
 
         classifier = load_classifier(settings.model_path or None, settings.device,
                                      settings.min_confidence)
@@ -101,6 +101,7 @@ def build_worker(settings: Settings, classifier: Classifier | None = None) -> Pi
 def run_worker(settings: Settings, classifier: Classifier | None = None) -> int:
     """Run a worker until SIGINT/SIGTERM. Blocks."""
     asyncio.run(ensure_topics(settings))
+    settings.data_dir.mkdir(parents=True, exist_ok=True)
     pipeline = build_worker(settings, classifier)
     log.info("worker settings: %s", settings.redacted())
     worker = faust.Worker(pipeline.t.app, loglevel=settings.log_level.upper(), quiet=True,

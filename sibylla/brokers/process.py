@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -27,10 +28,31 @@ class BrokerStartError(RuntimeError):
 
 
 def free_port() -> int:
-    """A loopback TCP port nobody listens on right now."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    """A loopback TCP port free now, chosen below the kernel's ephemeral range.
+
+    A port the kernel handed out (``bind(0)``) is an ephemeral one; by the time a server binds
+    it, an outgoing connection may be using it as its local port (seen in tests: a restarted
+    worker could not bind its web port). Ports below the ephemeral range are never handed out
+    that way.
+    """
+    low = _ephemeral_low()
+    rng = random.SystemRandom()
+    for _ in range(200):
+        port = rng.randrange(max(1024, low - 12000), low)
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise OSError("no free TCP port below the ephemeral range")
+
+
+def _ephemeral_low() -> int:
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
 
 
 async def _metadata_ok(bootstrap: str) -> bool:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import os
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -51,6 +52,8 @@ def make_settings(bootstrap: str, prefix: str, workdir: Path, **overrides: Any) 
         "bootstrap_servers": bootstrap, "topic_prefix": prefix, "group_id": prefix + "workers",
         "store": "memory", "data_dir": str(workdir / "worker"), "web_port": free_port(),
         "grace_period_s": 0.5, "partitions": 4,
+        # A candidate model can be tested with SIBYLLA_MODEL_PATH; default: the shipped one.
+        "model_path": os.environ.get("SIBYLLA_MODEL_PATH", ""),
     }
     values.update(overrides)
     return Settings.from_env({}, **{k: str(v) for k, v in values.items()})
