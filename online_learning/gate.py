@@ -14,8 +14,8 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from sibylla.inference.api import Classifier
-from sibylla.inference.preprocess import window_from_text
-from sibylla.inference.taxonomy import CATEGORIES, label_of
+from sibylla.inference.corpus import Record
+from sibylla.inference.evaluate import evaluate_classifier
 from sibylla.inference.train import Example
 
 __all__ = ["GateResult", "Scores", "gate", "score"]
@@ -23,12 +23,11 @@ __all__ = ["GateResult", "Scores", "gate", "score"]
 
 @dataclass(frozen=True)
 class Scores:
-    """How a model does on one set of labeled logs.
+    """How a model does on one set of labeled logs, as ``sibylla.inference.evaluate`` scores it.
 
-    ``accuracy``: the class the model leans to (ignoring its confidence threshold) is right;
-    ``det_precision``: of the confident ``deterministic`` verdicts (those that stop a job), the
-    share truly deterministic (1.0 when it gave none; ``det_decided`` says how many it gave);
-    ``coverage``: share of confident verdicts (not ``unknown``).
+    ``accuracy``: verdicts right (an ``unknown`` is never right); ``det_precision``: of the
+    ``deterministic`` verdicts (those that stop a job), the share truly deterministic;
+    ``det_decided``: how many such verdicts; ``coverage``: share of verdicts not ``unknown``.
     """
 
     n: int
@@ -41,24 +40,15 @@ class Scores:
         return asdict(self)
 
 
-def score(classifier: Classifier, examples: Sequence[Example], batch: int = 64) -> Scores:
+def score(classifier: Classifier, examples: Sequence[Example]) -> Scores:
     if not examples:
-        return Scores(0, 1.0, 1.0, 0, 0.0)
-    right = decided = det = det_right = 0
-    for start in range(0, len(examples), batch):
-        part = examples[start : start + batch]
-        windows = [window_from_text(ex.log) for ex in part]
-        for ex, p in zip(part, classifier.predict(windows), strict=True):
-            leaned = p.verdict if p.verdict != "unknown" else (
-                label_of(p.category) if p.category in CATEGORIES else "")
-            right += leaned == ex.label
-            decided += p.verdict != "unknown"
-            if p.verdict == "deterministic":
-                det += 1
-                det_right += ex.label == "deterministic"
-    n = len(examples)
-    return Scores(n, round(right / n, 4), round(det_right / det, 4) if det else 1.0, det,
-                  round(decided / n, 4))
+        return Scores(0, 0.0, 0.0, 0, 0.0)
+    records = [Record(str(i), ex.source, "", ex.category, ex.label, ex.log)
+               for i, ex in enumerate(examples)]
+    m = evaluate_classifier(classifier, records)
+    decided_det = sum(row.get("deterministic", 0) for row in m["confusion"].values())
+    return Scores(m["n"], m["accuracy"], m["deterministic_precision"], decided_det,
+                  round(1.0 - m["abstention_rate"], 4))
 
 
 @dataclass(frozen=True)

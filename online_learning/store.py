@@ -4,7 +4,8 @@
 the directory is a volume they share), and ``index.json``: every candidate with its scores and
 whether it was promoted, plus which version is current. The index is rewritten atomically
 (temp file, rename), so a crash never leaves half an index; ``sibylla models list|rollback``
-read and change it.
+read and change it, the operator's process beside the trainer's, so every change re-reads the
+index first.
 """
 
 from __future__ import annotations
@@ -43,12 +44,11 @@ class ModelEntry:
 
 
 class ModelStore:
-    """See module docstring. Not safe for two trainers at once (there is one trainer)."""
+    """See module docstring. One trainer writes it; an operator may roll back meanwhile."""
 
     def __init__(self, root: str | Path) -> None:
         self.root = Path(root)
         self.root.mkdir(parents=True, exist_ok=True)
-        self._index = self._read()
 
     def _read(self) -> dict[str, Any]:
         path = self.root / INDEX
@@ -60,14 +60,14 @@ class ModelStore:
                              f"{INDEX_VERSION}")
         return index
 
-    def _write(self) -> None:
+    def _write(self, index: dict[str, Any]) -> None:
         fd, tmp = tempfile.mkstemp(dir=self.root, suffix=".tmp")
         with os.fdopen(fd, "w") as fh:
-            json.dump(self._index, fh, indent=1, sort_keys=True)
+            json.dump(index, fh, indent=1, sort_keys=True)
         os.replace(tmp, self.root / INDEX)
 
     def entries(self) -> list[ModelEntry]:
-        return [ModelEntry(**raw) for raw in self._index["models"]]
+        return [ModelEntry(**raw) for raw in self._read()["models"]]
 
     def get(self, version: str) -> ModelEntry:
         for entry in self.entries():
@@ -77,7 +77,7 @@ class ModelStore:
 
     @property
     def current(self) -> ModelEntry | None:
-        version = self._index["current"]
+        version = self._read()["current"]
         return self.get(version) if version else None
 
     def path(self, entry: ModelEntry) -> Path:
@@ -93,13 +93,15 @@ class ModelStore:
             save_checkpoint(checkpoint.model, checkpoint.vocab, checkpoint.meta,
                             self.path(entry))
             entry.sha256 = sha256_file(self.path(entry))
-        self._index["models"].append(asdict(entry))
-        self._write()
+        index = self._read()
+        index["models"].append(asdict(entry))
+        self._write(index)
         return entry
 
     def set_current(self, version: str) -> ModelEntry:
         """Make a stored model the current one (promotion, or an operator's rollback)."""
         entry = self.get(version)
-        self._index["current"] = version
-        self._write()
+        index = self._read()
+        index["current"] = version
+        self._write(index)
         return entry

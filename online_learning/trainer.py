@@ -107,7 +107,8 @@ class Trainer:
     def add_label(self, label: Label) -> str:
         """File one label; returns where it went (``new``, ``holdout``, ``replay``,
         ``skipped``). A label no newer than the current model's training data only refills
-        the replay buffer (a restarted trainer re-reads the topic)."""
+        the replay buffer (a restarted trainer re-reads the topic); a held-back label stays
+        held back whenever it is read."""
         use = self._file(label)
         self.metrics.labels.labels(use=use).inc()
         return use
@@ -117,16 +118,19 @@ class Trainer:
             return "skipped"
         example = example_of(label)
         key = f"{label.job_id}\x00{label.attempt}"
-        if not independent(label.votes) or label.labeled_at <= self.trained_until:
+        if not independent(label.votes):
             self.replay.add(example)
             return "replay"
-        self._observe_drift(label)
         if int(hashlib.sha256(key.encode()).hexdigest(), 16) % self.s.holdout_every == 0:
             self.holdout[key] = example
             self.holdout.move_to_end(key)
             while len(self.holdout) > self.s.holdout_size:
                 self.holdout.popitem(last=False)
             return "holdout"
+        if label.labeled_at <= self.trained_until:
+            self.replay.add(example)
+            return "replay"
+        self._observe_drift(label)
         self.new[key] = (example, label.labeled_at)
         return "new"
 
@@ -160,6 +164,7 @@ class Trainer:
     def step(self, trigger: str) -> CandidateReport:
         """Fine-tune, score, gate; on success the candidate is stored and becomes current."""
         t0 = time.monotonic()
+        self._follow_rollback()
         new = [ex for ex, _ in self.new.values()]
         newest = max(at for _, at in self.new.values())
         replayed = self.replay.sample(int(len(new) * self.s.replay_ratio))
@@ -195,6 +200,16 @@ class Trainer:
                                  round(time.monotonic() - t0, 1))
         self._export(report)
         return report
+
+    def _follow_rollback(self) -> None:
+        """Start from the store's current model if an operator rolled back to another one."""
+        current = self.store.current
+        if current is None or current.version == self.classifier.version:
+            return
+        log.info("following the store's current model %s (rollback)", current.version)
+        self.checkpoint = self.store.load(current)
+        self.classifier = ModelClassifier(self.checkpoint, device="cpu")
+        self.metrics.set_model(current.version)
 
     def _export(self, report: CandidateReport) -> None:
         m = self.metrics

@@ -31,7 +31,7 @@ import orjson
 
 from sibylla.inference.api import ERROR_START, LogWindow, Prediction
 from sibylla.inference.preprocess import mask, redact
-from sibylla.schemas.records import Label, Vote
+from sibylla.schemas.records import Label, RecordError, Vote
 
 __all__ = [
     "OPERATOR",
@@ -44,6 +44,8 @@ __all__ = [
     "independent",
     "operator_vote",
     "outcome_vote",
+    "operator_request",
+    "parse_operator_request",
     "tally",
     "window_text",
 ]
@@ -97,6 +99,30 @@ def committee_votes(predictions: Mapping[str, Prediction], rule: VoteRule) -> li
 
 def operator_vote(label: TrueLabel, rule: VoteRule) -> Vote:
     return Vote(OPERATOR, label, rule.operator_weight)
+
+
+def operator_request(job_id: str, attempt: int, label: str) -> bytes:
+    """The record an operator's label travels in (``sibylla label``, ``POST /labels``)."""
+    return orjson.dumps({"job_id": job_id, "attempt": attempt, "label": label})
+
+
+def parse_operator_request(value: bytes) -> tuple[str, int, TrueLabel]:
+    """(job_id, attempt, label) of an operator's label; :class:`RecordError` says what is
+    wrong with a bad one."""
+    try:
+        raw = orjson.loads(value)
+    except orjson.JSONDecodeError as exc:
+        raise RecordError(f"invalid JSON: {exc}") from None
+    if not isinstance(raw, dict):
+        raise RecordError("not a JSON object")
+    job_id, attempt, label = raw.get("job_id"), raw.get("attempt"), raw.get("label")
+    if not isinstance(job_id, str) or not job_id:
+        raise RecordError("job_id must be a non-empty string")
+    if type(attempt) is not int or attempt < 0:
+        raise RecordError("attempt must be an integer >= 0")
+    if label not in ("deterministic", "nondeterministic"):
+        raise RecordError("label must be deterministic or nondeterministic")
+    return job_id, attempt, label
 
 
 def outcome_vote(signature: str, next_completed: bool, next_signature: str | None,

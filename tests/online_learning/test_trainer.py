@@ -118,3 +118,25 @@ def test_fine_tune_grows_the_vocabulary_and_leaves_the_current_model_alone() -> 
     assert candidate.meta["version"] != current.meta["version"]
     assert candidate.meta["fine_tuned_from"] == current.meta["version"]
     assert all(torch.equal(v, before[k]) for k, v in current.model.state_dict().items())
+
+
+def test_after_a_rollback_the_trainer_fine_tunes_the_rolled_back_model(
+        tmp_path: Path, base: Checkpoint) -> None:
+    seen: list[str] = []
+
+    def tune(cp: Checkpoint, exs: Sequence[Example], epochs: int, lr: float, seed: int
+             ) -> Checkpoint:
+        seen.append(cp.meta["version"])
+        return leaning(base, (-8.0, 8.0), f"cand-{len(seen)}")
+
+    validation = [Example(NCCL_LOG, "nondeterministic", "collective_timeout")]
+    t = Trainer(SETTINGS, ModelStore(tmp_path), base, validation, tune=tune)
+    for round_ in range(2):
+        for i in range(4):
+            t.add_label(label(f"j{round_}-{i}", 0, "nondeterministic", log=NCCL_LOG,
+                              at=100.0 * (round_ + 1) + i))
+        if round_ == 0:
+            t.step("labels")
+            ModelStore(tmp_path).set_current("base-0")  # the operator's `models rollback`
+    t.step("labels")
+    assert seen == ["base-0", "base-0"]

@@ -1,0 +1,110 @@
+"""The trainer process (``sibylla trainer``): Kafka around :class:`Trainer`.
+
+It runs apart from the inference workers so that a fine-tune never stalls a decision. It reads
+``sibylla.labels`` from the beginning without a consumer group: a restarted trainer rebuilds
+its replay buffer and held-back labels from the topic, and labels older than the current
+model's training data count as replay, not as new. A fine-tune runs in a thread; a promoted
+model is written to the models directory and announced on ``sibylla.models`` (keyed by the
+model name, compacted: the topic always holds the one model every worker should run).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+
+from sibylla.inference.checkpoint import load_checkpoint
+from sibylla.inference.corpus import REAL_FILES, load_records, packaged_path
+from sibylla.inference.synthetic import generate
+from sibylla.inference.train import Example, examples_from_records
+from sibylla.schemas.records import Label
+from sibylla.settings import Settings
+from sibylla.streams.topics import ensure_topics
+
+from .announce import announcement
+from .settings import OnlineSettings
+from .store import ModelEntry, ModelStore
+from .trainer import Trainer
+
+__all__ = ["announce", "replay_seed", "run_trainer"]
+
+log = logging.getLogger(__name__)
+
+SEED_SYNTHETIC = 400  # generated logs seeding the replay buffer beside the real training file
+POLL_MS = 1000
+
+
+def replay_seed(seed: int = 0) -> list[Example]:
+    """Examples like the base model's training data, so the first fine-tunes replay more than
+    the stream's own lopsided labels: the real training file and some generated logs."""
+    records = load_records(packaged_path(REAL_FILES[0])) + generate(SEED_SYNTHETIC, seed=seed)
+    random.Random(seed).shuffle(records)
+    return examples_from_records(records)
+
+
+async def announce(settings: Settings, online: OnlineSettings, store: ModelStore,
+                   entry: ModelEntry, producer: AIOKafkaProducer | None = None) -> None:
+    """Publish ``entry`` on sibylla.models (workers verify its checksum and swap it in)."""
+    ann = announcement(online.model_name, entry.version, store.path(entry), entry.scores)
+    own = producer is None
+    if producer is None:
+        producer = AIOKafkaProducer(bootstrap_servers=settings.bootstrap_servers,
+                                    **settings.kafka_client_options())
+        await producer.start()
+    try:
+        await producer.send_and_wait(settings.topic("models"), key=online.model_name.encode(),
+                                     value=ann.to_json())
+        log.info("announced model %s (%s)", entry.version, ann.uri)
+    finally:
+        if own:
+            await producer.stop()
+
+
+async def run_trainer(settings: Settings, online: OnlineSettings) -> None:
+    """Consume labels forever, fine-tuning and promoting as they come."""
+    await ensure_topics(settings)
+    store = ModelStore(online.models_dir)
+    base = load_checkpoint(settings.model_path or None)
+    held_out = examples_from_records(load_records(packaged_path(REAL_FILES[1])))
+    trainer = Trainer(online, store, base, held_out, replay_seed())
+    if online.trainer_metrics_port:
+        from prometheus_client import start_http_server
+
+        start_http_server(online.trainer_metrics_port, registry=trainer.metrics.registry)
+    producer = AIOKafkaProducer(bootstrap_servers=settings.bootstrap_servers,
+                                **settings.kafka_client_options())
+    consumer = AIOKafkaConsumer(bootstrap_servers=settings.bootstrap_servers, group_id=None,
+                                enable_auto_commit=False, **settings.kafka_client_options())
+    await producer.start()
+    await consumer.start()
+    try:
+        current = store.current
+        if current is not None:  # workers converge on it even if the topic was recreated
+            await announce(settings, online, store, current, producer)
+        topic = settings.topic("labels")
+        tps = [TopicPartition(topic, p)
+               for p in sorted(consumer.partitions_for_topic(topic) or {0})]
+        consumer.assign(tps)
+        await consumer.seek_to_beginning(*tps)
+        log.info("trainer running: model %s, models in %s", trainer.classifier.version,
+                 online.models_dir)
+        while True:
+            batches = await consumer.getmany(timeout_ms=POLL_MS)
+            for records in batches.values():
+                for record in records:
+                    try:
+                        trainer.add_label(Label.from_json(record.value))
+                    except (ValueError, TypeError, KeyError) as exc:
+                        log.warning("skipping unreadable label at %s: %s", record.offset, exc)
+            trigger = trainer.due()
+            if trigger is None:
+                continue
+            report = await asyncio.to_thread(trainer.step, trigger)
+            if report.result.promote:
+                await announce(settings, online, store, store.get(report.version), producer)
+    finally:
+        await consumer.stop()
+        await producer.stop()

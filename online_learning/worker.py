@@ -1,0 +1,232 @@
+"""The worker side of online learning: votes in, labels out, announced models swapped in.
+
+Registered on a worker's pipeline by :func:`register` (``streams/worker.py`` calls it):
+
+    decide agent ──(decided hook)──► votes table: window text, signature, committee votes;
+                                     a failed retry votes on the previous attempt
+    job-events ──► outcomes agent ──► votes table: a COMPLETED retry votes on the previous one
+    label-votes ─► operator_votes agent ─► votes table (``sibylla label``, POST /labels/...)
+                         └──────── majority reached ──► sibylla.labels
+    sibylla.models (every partition, no group) ──► watcher: verify checksum, load, swap
+
+The votes table is keyed by attempt and co-partitioned with the job topics, so the decided
+hook (in the decide agent's event), the outcomes agent and the operator agent all write the
+job's partition and its changelog: the votes survive restarts and rebalances. The models topic
+is read by every worker without a consumer group: each worker must see every announcement.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Mapping
+from dataclasses import replace
+from typing import Any
+
+import faust
+import orjson
+from aiokafka import AIOKafkaConsumer, TopicPartition
+from faust.web import Request, Response, View
+
+from sibylla.inference.api import Classifier, LogWindow, Prediction
+from sibylla.schemas.records import Decision, ModelAnnouncement, RecordError, parse_job_event
+from sibylla.streams.agents import Pipeline
+from sibylla.streams.app import RAW
+from sibylla.streams.keys import attempt_key
+
+from .announce import AnnouncementError, verify
+from .metrics import VoteMetrics
+from .settings import OnlineSettings
+from .votes import (
+    OUTCOME,
+    AttemptRecord,
+    VoteRule,
+    committee_votes,
+    error_signature,
+    operator_request,
+    operator_vote,
+    outcome_vote,
+    parse_operator_request,
+    window_text,
+)
+
+__all__ = ["PRIMARY", "OnlineLearning", "register"]
+
+log = logging.getLogger(__name__)
+
+PRIMARY = "primary"  # committee name of the model that made the decision
+
+
+class OnlineLearning:
+    """Tables, topics, agents and pages of the loop on one worker (see module docstring)."""
+
+    def __init__(self, pipeline: Pipeline, settings: OnlineSettings,
+                 committee: Mapping[str, Classifier]) -> None:
+        self.p = pipeline
+        self.s = settings
+        self.committee = dict(committee)
+        self.rule = VoteRule(settings.operator_weight, settings.outcome_weight,
+                             settings.committee_weight, settings.label_min_weight,
+                             settings.label_min_margin)
+        ws = pipeline.settings
+        app = pipeline.t.app
+        self.votes = app.Table("votes", partitions=ws.partitions, schema=faust.Schema(**RAW))
+        self.label_votes = app.topic(ws.topic("label-votes"), internal=True,
+                                     partitions=ws.partitions, **RAW)
+        self.metrics = VoteMetrics(pipeline.metrics.registry)
+
+    def register(self) -> None:
+        app = self.p.t.app
+        self.p.decided_hooks.append(self.on_decided)
+        app.agent(self.p.t.job_events, name="outcomes", isolated_partitions=True)(self._outcomes)
+        app.agent(self.label_votes, name="operator_votes", isolated_partitions=True)(
+            self._operator_votes)
+        app.task(self._watch_models)
+        self._register_page()
+
+    # ---------------------------------------------------------------- votes table
+    def _get(self, job_id: str, attempt: int) -> AttemptRecord | None:
+        raw = self.votes.get(attempt_key(job_id, attempt))
+        return AttemptRecord.from_bytes(raw) if raw is not None else None
+
+    async def _put(self, record: AttemptRecord) -> None:
+        """Store ``record``, publishing its label first when the majority changed."""
+        label = record.label_due(self.rule)
+        if label is not None:
+            await self.p.t.labels.send(key=record.job_id.encode(), value=label.to_json(),
+                                       force=True)
+            self.metrics.labels.labels(label=label.label).inc()
+            record = replace(record, published=label.label)
+        self.votes[attempt_key(record.job_id, record.attempt)] = record.to_bytes()
+
+    # ---------------------------------------------------------------- decided hook
+    async def on_decided(self, window: LogWindow, decision: Decision) -> None:
+        """Keep the window and the committee's votes; a failed retry votes on its parent."""
+        predictions = {PRIMARY: Prediction(decision.verdict, decision.confidence,
+                                           decision.category, [])}
+        if not window.empty:
+            for name, model in self.committee.items():
+                predictions[name] = (await asyncio.to_thread(model.predict, [window]))[0]
+        record = self._get(decision.job_id, decision.attempt) or AttemptRecord(
+            decision.job_id, decision.attempt)
+        record = replace(record, log=window_text(window), category=decision.category,
+                         signature=error_signature(window), decided=True)
+        for vote in committee_votes(predictions, self.rule):
+            record = record.with_vote(vote)
+            self.metrics.votes.labels(kind="committee").inc()
+        await self._put(record)
+        if decision.attempt > 0:
+            await self._outcome(decision.job_id, decision.attempt - 1, False, record.signature)
+
+    async def _outcome(self, job_id: str, attempt: int, completed: bool,
+                       next_signature: str | None) -> None:
+        previous = self._get(job_id, attempt)
+        if previous is None or not previous.decided or OUTCOME in previous.votes:
+            return  # not a decided failure here, or its retry already voted
+        vote = outcome_vote(previous.signature, completed, next_signature, self.rule)
+        if vote is not None:
+            self.metrics.votes.labels(kind="outcome").inc()
+            await self._put(previous.with_vote(vote))
+
+    # ---------------------------------------------------------------- agents
+    async def _outcomes(self, stream: Any) -> None:
+        """A retry that COMPLETED proves its parent's failure transient."""
+        async for event in stream.events():
+            try:
+                job = parse_job_event(event.message.value)
+            except RecordError:
+                continue  # the terminations agent dead-letters it
+            if job.event == "finished" and job.state == "COMPLETED" and job.attempt > 0:
+                self.p._in_event(stream, event)
+                await self._outcome(job.job_id, job.attempt - 1, True, None)
+
+    async def _operator_votes(self, stream: Any) -> None:
+        async for event in stream.events():
+            try:
+                job_id, attempt, label = parse_operator_request(event.message.value)
+            except RecordError as exc:
+                log.warning("bad operator label %r: %s", event.message.value[:200], exc)
+                continue
+            self.p._in_event(stream, event)
+            record = self._get(job_id, attempt) or AttemptRecord(job_id, attempt)
+            self.metrics.votes.labels(kind="operator").inc()
+            await self._put(record.with_vote(operator_vote(label, self.rule)))
+
+    # ---------------------------------------------------------------- HTTP
+    def _register_page(self) -> None:
+        topic = self.label_votes
+
+        class LabelPage(View):
+            """POST /labels/{job_id}/{attempt} {"label": "deterministic"}: an operator's vote
+            (queued on the label-votes topic, so any worker can take it)."""
+
+            async def post(self, request: Request, job_id: str, attempt: str) -> Response:
+                try:
+                    body = await request.json()
+                    value = operator_request(job_id, int(attempt), body.get("label"))
+                    parse_operator_request(value)
+                except (ValueError, AttributeError, RecordError) as exc:
+                    return self.json({"error": str(exc)}, status=400)
+                await topic.send(key=job_id.encode(), value=value, force=True)
+                return self.json({"queued": orjson.loads(value)}, status=202)
+
+        self.p.t.app.page("/labels/{job_id}/{attempt}")(LabelPage)
+
+    # ---------------------------------------------------------------- model watcher
+    async def _watch_models(self) -> None:
+        """Follow sibylla.models from its start (compacted: the latest model per name)."""
+        ws = self.p.settings
+        topic = ws.topic("models")
+        consumer = AIOKafkaConsumer(bootstrap_servers=ws.bootstrap_servers, group_id=None,
+                                    enable_auto_commit=False, **ws.kafka_client_options())
+        await consumer.start()
+        try:
+            partitions = consumer.partitions_for_topic(topic) or {0}
+            tps = [TopicPartition(topic, p) for p in sorted(partitions)]
+            consumer.assign(tps)
+            await consumer.seek_to_beginning(*tps)
+            async for msg in consumer:
+                await self.on_announcement(msg.value)
+        finally:
+            await consumer.stop()
+
+    async def on_announcement(self, value: bytes) -> bool:
+        """Swap in an announced model once its checksum and version check out."""
+        try:
+            ann = ModelAnnouncement.from_json(value)
+        except (orjson.JSONDecodeError, TypeError) as exc:
+            log.warning("unreadable model announcement: %s", exc)
+            self.metrics.rejected.inc()
+            return False
+        if ann.name != self.s.model_name or ann.version == self.p.classifier.version:
+            return False
+        ws = self.p.settings
+        try:
+            path = await asyncio.to_thread(verify, ann)
+            from sibylla.inference.engine import load_classifier
+
+            classifier = await asyncio.to_thread(load_classifier, str(path), ws.device,
+                                                 ws.min_confidence)
+            if classifier.version != ann.version:
+                raise AnnouncementError(f"file holds model {classifier.version}, announced "
+                                        f"{ann.version}")
+        except Exception as exc:  # noqa: BLE001 - a bad announcement must not stop the worker
+            log.error("model announcement %s refused: %s", ann.version, exc)
+            self.metrics.rejected.inc()
+            return False
+        self.p.swap_classifier(classifier)
+        self.metrics.swaps.inc()
+        log.info("swapped in model %s (announced %s)", ann.version, ann.metrics)
+        return True
+
+
+def register(pipeline: Pipeline, committee: Mapping[str, Classifier] | None = None,
+             settings: OnlineSettings | None = None) -> OnlineLearning:
+    """Add online learning to a worker's pipeline (before the app starts).
+
+    ``committee``: extra models (name -> classifier) whose verdicts vote beside the decision's;
+    ``settings``: from ``SIBYLLA_*`` variables when not given.
+    """
+    loop = OnlineLearning(pipeline, settings or OnlineSettings.from_env(), committee or {})
+    loop.register()
+    return loop

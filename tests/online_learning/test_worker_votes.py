@@ -1,0 +1,132 @@
+"""The votes agent without a broker: decisions and retry outcomes in, labels out; operator
+labels win; announced models are swapped in only when their checksum matches."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import orjson
+from prometheus_client import CollectorRegistry
+
+from sibylla.inference.api import LogWindow
+from sibylla.inference.checkpoint import save_checkpoint
+from sibylla.online_learning.announce import announcement
+from sibylla.online_learning.settings import OnlineSettings
+from sibylla.online_learning.worker import OnlineLearning
+from sibylla.schemas.records import Decision, Label
+from sibylla.settings import Settings
+from tests.online_learning.fixtures import examples, tiny_checkpoint
+
+ERROR = ["Traceback (most recent call last):", '  File "/home/u/train.py", line 3',
+         "RuntimeError: mat1 and mat2 shapes cannot be multiplied (64x512 and 1024x10)"]
+
+
+class FakeTopic:
+    def __init__(self) -> None:
+        self.sent: list[tuple[bytes, bytes]] = []
+
+    async def send(self, key: bytes, value: bytes, force: bool = False) -> None:
+        self.sent.append((key, value))
+
+
+class FakeApp:
+    def Table(self, name: str, **_: Any) -> dict[str, bytes]:  # noqa: N802 - faust's name
+        return {}
+
+    def topic(self, name: str, **_: Any) -> FakeTopic:
+        return FakeTopic()
+
+
+def fake_pipeline() -> Any:
+    labels = FakeTopic()
+    p = SimpleNamespace(
+        settings=Settings.from_env({}), t=SimpleNamespace(app=FakeApp(), labels=labels),
+        metrics=SimpleNamespace(registry=CollectorRegistry()), decided_hooks=[],
+        classifier=SimpleNamespace(version="v0"), swapped=[])
+    p._in_event = lambda stream, event: None
+    p.swap_classifier = p.swapped.append
+    return p
+
+
+def loop() -> tuple[OnlineLearning, FakeTopic]:
+    p = fake_pipeline()
+    return OnlineLearning(p, OnlineSettings(), {}), p.t.labels
+
+
+def decision(attempt: int, verdict: str = "unknown", confidence: float = 0.55) -> Decision:
+    return Decision("job", attempt, verdict, confidence, "python_runtime_error",  # type: ignore[arg-type]
+                    "default_policy", [], [], "v0", 0.0, 1.0)
+
+
+def labels(topic: FakeTopic) -> list[Label]:
+    return [Label.from_json(v) for _, v in topic.sent]
+
+
+async def events(*values: bytes) -> AsyncIterator[Any]:
+    for value in values:
+        yield SimpleNamespace(message=SimpleNamespace(value=value))
+
+
+class Stream:
+    def __init__(self, *values: bytes) -> None:
+        self.values = values
+
+    def events(self) -> AsyncIterator[Any]:
+        return events(*self.values)
+
+
+async def test_a_retry_failing_the_same_way_labels_the_attempt_deterministic() -> None:
+    ol, topic = loop()
+    await ol.on_decided(LogWindow("job", 0, ["step 1", *ERROR], ERROR), decision(0))
+    assert labels(topic) == []  # an unsure model alone is thin evidence
+    window = LogWindow("job", 1, ["[rank2]: " + e for e in ERROR], ["[rank2]: " + e for e in ERROR])
+    await ol.on_decided(window, decision(1))
+    [label] = labels(topic)
+    assert (label.job_id, label.attempt, label.label) == ("job", 0, "deterministic")
+    assert [v.source for v in label.votes] == ["outcome"]
+    assert "RuntimeError: mat1" in label.log
+
+
+async def test_a_completed_retry_labels_nondeterministic_against_a_confident_model() -> None:
+    ol, topic = loop()
+    await ol.on_decided(LogWindow("job", 0, ERROR, ERROR), decision(0, "deterministic", 1.0))
+    done = orjson.dumps({"job_id": "job", "attempt": 1, "event": "finished",
+                         "state": "COMPLETED"})
+    await ol._outcomes(Stream(b"not json", done))
+    [label] = labels(topic)
+    assert label.label == "nondeterministic"
+    assert {v.source for v in label.votes} == {"outcome", "model:primary"}
+
+
+async def test_an_operator_label_overrides_and_republishes() -> None:
+    ol, topic = loop()
+    await ol.on_decided(LogWindow("job", 0, ERROR, ERROR), decision(0))
+    await ol.on_decided(LogWindow("job", 1, ERROR, ERROR), decision(1))
+    vote = orjson.dumps({"job_id": "job", "attempt": 0, "label": "nondeterministic"})
+    await ol._operator_votes(Stream(vote, b'{"job_id": "job", "attempt": 0, "label": "maybe"}'))
+    assert [lab.label for lab in labels(topic)] == ["deterministic", "nondeterministic"]
+
+
+async def test_an_operator_label_before_the_decision_waits_for_the_window() -> None:
+    ol, topic = loop()
+    vote = orjson.dumps({"job_id": "job", "attempt": 0, "label": "deterministic"})
+    await ol._operator_votes(Stream(vote))
+    assert labels(topic) == []
+    await ol.on_decided(LogWindow("job", 0, ERROR, ERROR), decision(0))
+    [label] = labels(topic)
+    assert label.label == "deterministic" and label.log
+
+
+async def test_announced_model_is_swapped_only_with_the_right_checksum(tmp_path: Path) -> None:
+    ol, _ = loop()
+    cp = tiny_checkpoint(examples(16), version="v1")
+    path = save_checkpoint(cp.model, cp.vocab, cp.meta, tmp_path / "v1.safetensors")
+    ann = announcement("sibylla-classifier", "v1", path, {})
+    tampered = orjson.loads(ann.to_json()) | {"sha256": "0" * 64}
+    assert not await ol.on_announcement(orjson.dumps(tampered))
+    assert not await ol.on_announcement(b"{}")
+    assert await ol.on_announcement(ann.to_json())
+    assert [c.version for c in ol.p.swapped] == ["v1"]
