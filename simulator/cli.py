@@ -90,6 +90,11 @@ def register(subparsers: Any) -> None:
     src = rel.add_mutually_exclusive_group()
     src.add_argument("--rf", type=float, help="failures per node-day (default 6.5e-3, Meta RSC-1)")
     src.add_argument("--events", help="JSON Lines of JobEvent records to estimate r_f from")
+    src.add_argument(
+        "--philly",
+        metavar="TRACE",
+        help="estimate r_f from a Philly cluster_job_log (an upper bound)",
+    )
     rel.add_argument("--gpus-per-node", type=int, default=8)
     rel.add_argument("--gpus", type=int, default=16_384, help="job size for the ETTR sweep")
     rel.add_argument("--write-min", type=float, default=2.0, help="checkpoint write, minutes")

@@ -12,16 +12,17 @@ from __future__ import annotations
 
 import datetime as dt
 from collections import Counter
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import orjson
 
+from sibylla.schemas.records import JobEvent
 from sibylla.simulator.jobs import Job
 
-__all__ = ["PhillyTrace", "jobs_from_philly", "read_philly"]
+__all__ = ["PhillyTrace", "jobs_from_philly", "philly_job_events", "read_philly", "read_raw"]
 
 MIN_RUN_S = 1.0  # the trace has one-second resolution; a zero-length attempt still held GPUs
 
@@ -100,9 +101,44 @@ def jobs_from_philly(entries: Iterable[Mapping[str, Any]]) -> PhillyTrace:
     return trace
 
 
-def read_philly(path: str | Path) -> PhillyTrace:
-    """Read a ``cluster_job_log`` file (the whole file is one JSON list)."""
+def read_raw(path: str | Path) -> list[Mapping[str, Any]]:
+    """The entries of a ``cluster_job_log`` file (the whole file is one JSON list)."""
     entries = orjson.loads(Path(path).read_bytes())
     if not isinstance(entries, list):
         raise ValueError(f"{path}: expected a JSON list of jobs (Philly cluster_job_log)")
-    return jobs_from_philly(entries)
+    return entries
+
+
+def read_philly(path: str | Path) -> PhillyTrace:
+    """Read a ``cluster_job_log`` file into replayable jobs."""
+    return jobs_from_philly(read_raw(path))
+
+
+_LAST_STATE = {"Pass": "COMPLETED", "Killed": "CANCELLED", "Failed": "FAILED"}
+
+
+def philly_job_events(entries: Iterable[Mapping[str, Any]]) -> Iterator[JobEvent]:
+    """Started and finished events of every timed attempt, for the failure-rate estimator.
+
+    The trace does not say why an attempt ended. By the same inference as
+    :func:`jobs_from_philly`, a failed attempt of a job that later passed is blamed on the
+    environment and ends ``NODE_FAIL``; that makes the resulting r_f an upper bound on node
+    failures, since preemptions and transient software faults count too.
+    """
+    for raw in entries:
+        attempts = raw.get("attempts") or []
+        status = raw.get("status")
+        job_id = str(raw.get("jobid", ""))
+        for n, attempt in enumerate(attempts):
+            start, end = _time(attempt.get("start_time")), _time(attempt.get("end_time"))
+            if start is None or end is None:
+                continue
+            detail = attempt.get("detail") or []
+            nodes = tuple(str(d.get("ip")) for d in detail if d.get("ip"))
+            gpus = sum(len(d.get("gpus") or []) for d in detail)
+            if n == len(attempts) - 1:
+                state = _LAST_STATE.get(str(status), "FAILED")
+            else:
+                state = "NODE_FAIL" if status == "Pass" else "FAILED"
+            yield JobEvent(job_id, n, "started", nodes=nodes, gpus=gpus, ts=start)
+            yield JobEvent(job_id, n, "finished", state=state, nodes=nodes, gpus=gpus, ts=end)

@@ -26,6 +26,7 @@ __all__ = [
     "INFRA_STATES",
     "META_RSC1_RF",
     "FailureRateEstimator",
+    "event_seconds",
     "gamma_quantile",
     "mttf_hours",
     "nodes_for",
@@ -112,7 +113,8 @@ def poisson_interval(
     return failures / exposure, lo, hi
 
 
-def _seconds(ts: float | str | None, default: float) -> float:
+def event_seconds(ts: float | str | None, default: float) -> float:
+    """Epoch seconds of a JobEvent timestamp (number or RFC 3339), ``default`` when unusable."""
     if ts is None:
         return default
     if isinstance(ts, (int, float)):
@@ -163,7 +165,7 @@ class FailureRateEstimator:
         key = (event.job_id, event.attempt)
         if key in self._done:
             return
-        at = _seconds(event.ts, now)
+        at = event_seconds(event.ts, now)
         if event.event == "started":
             self._open.setdefault(key, (at, self._nodes(event)))
             return

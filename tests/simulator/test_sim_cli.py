@@ -124,3 +124,40 @@ def test_reliability_without_failures_gives_the_upper_bound_only(capsys, tmp_pat
     )
     assert main(["reliability", "--events", str(events), "--no-plots"]) == 1
     assert "upper bound 3.69e+00 per node-day" in capsys.readouterr().err
+
+
+def test_reliability_from_a_philly_trace_says_it_is_an_upper_bound(capsys, tmp_path):
+    trace = tmp_path / "cluster_job_log"
+    trace.write_text(
+        json.dumps(
+            [
+                {
+                    "status": "Pass",
+                    "jobid": "n",
+                    "submitted_time": "2017-10-07 00:00:00",
+                    "attempts": [
+                        {
+                            "start_time": "2017-10-07 00:00:00",
+                            "end_time": "2017-10-08 00:00:00",
+                            "detail": [
+                                {"ip": "m1", "gpus": ["gpu0"]},
+                                {"ip": "m2", "gpus": ["gpu0"]},
+                            ],
+                        },
+                        {
+                            "start_time": "2017-10-08 00:00:00",
+                            "end_time": "2017-10-09 00:00:00",
+                            "detail": [
+                                {"ip": "m3", "gpus": ["gpu0"]},
+                                {"ip": "m4", "gpus": ["gpu0"]},
+                            ],
+                        },
+                    ],
+                },
+            ]
+        )
+    )
+    assert main(["reliability", "--philly", str(trace), "--no-plots", "--replicas", "50"]) == 0
+    out = capsys.readouterr().out
+    assert "r_f = 2.500e-01" in out  # 1 failure over 4 node-days
+    assert "an upper bound" in out

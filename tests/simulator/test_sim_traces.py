@@ -9,8 +9,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from sibylla.simulator.metrics import deterministic_shares
-from sibylla.simulator.philly import jobs_from_philly, read_philly
+from sibylla.simulator.philly import jobs_from_philly, philly_job_events, read_philly
 from sibylla.simulator.policies import FixedRetries
+from sibylla.simulator.reliability import FailureRateEstimator
 from sibylla.simulator.scheduler import simulate
 from sibylla.simulator.synthetic import generate, servers_for_load
 
@@ -155,3 +156,22 @@ def test_every_philly_entry_is_either_replayable_or_counted_as_skipped(entries):
     assert all(j.submit >= 0 and j.gpus >= 1 and j.duration > 0 for j in trace.jobs)
     if trace.jobs:
         assert min(j.submit for j in trace.jobs) == 0
+
+
+def test_philly_attempts_become_job_events_with_the_inferred_blame():
+    events = list(philly_job_events(PHILLY))
+    finished = {(e.job_id, e.attempt): e.state for e in events if e.event == "finished"}
+    assert finished == {
+        ("p", 0): "COMPLETED",
+        ("n", 0): "NODE_FAIL",  # failed, then passed on retry: the environment's fault
+        ("n", 1): "COMPLETED",
+        ("d", 0): "FAILED",
+        ("d", 1): "FAILED",
+        ("k", 0): "CANCELLED",
+    }
+    estimator = FailureRateEstimator()
+    for e in events:
+        estimator.observe(e, now=0)
+    # one node for every attempt: 1 h + 10 min + 2 h + 2 x 5 min + 3 h of exposure
+    assert estimator.node_days(0) == pytest.approx((60 + 10 + 120 + 10 + 180) / 1440)
+    assert estimator.failures == 1
