@@ -66,7 +66,8 @@ class Settings:
         16384, "Longer lines are rejected to the dead-letter topic.", min=64
     )
     window_ttl_s: float = _setting(
-        7 * 24 * 3600.0, "Windows of jobs silent this long are dropped.", min=1.0
+        7 * 24 * 3600.0, "Windows of jobs silent this long are dropped; decisions are "
+        "remembered this long (replay protection, GET /decisions).", min=1.0
     )
     grace_period_s: float = _setting(
         2.0, "After a failed job ends, wait this long for late log lines.", min=0.0

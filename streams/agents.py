@@ -82,7 +82,8 @@ class Pipeline:
         # Called for each new decision inside the decide agent's event context (table writes
         # there land on the job's partition): online learning keeps the window it needs.
         self.decided_hooks: list[Callable[[LogWindow, Decision], Awaitable[None]]] = []
-        self._last_sweep: dict[int, float] = {}
+        self._windows_swept: dict[int, float] = {}  # partition -> last TTL sweep
+        self._decisions_swept: dict[int, float] = {}
 
     # ---------------------------------------------------------------- set-up
     def register(self) -> None:
@@ -179,8 +180,8 @@ class Pipeline:
         m.bytes.inc(nbytes)
         if late:
             m.late_lines.inc(late)
-        if now - self._last_sweep.get(partition, 0.0) > SWEEP_EVERY_S:
-            self._last_sweep[partition] = now
+        if now - self._windows_swept.get(partition, 0.0) > SWEEP_EVERY_S:
+            self._windows_swept[partition] = now
             self._in_event(stream, events[-1])
             self._expire_windows(partition, now)
         m.active_windows.set(len(cache))
@@ -193,6 +194,19 @@ class Pipeline:
                 self.cache.pop(partition, key)
                 del self.t.windows[key]
                 self.metrics.expired_windows.inc()
+
+    def _expire_decisions(self, partition: int, now: float) -> None:
+        """Forget decisions older than the TTL: they only guard against replays, which come
+        minutes after a crash, not days."""
+        horizon = now - self.settings.window_ttl_s
+        for key, value in live_items(self.t.decided):
+            job_id, attempt = split_key(key)
+            if partition_of(job_id, self.settings.partitions) != partition:
+                continue
+            if orjson.loads(value)["decided_at"] < horizon:
+                del self.t.decided[key]
+                if self.t.latest.get(job_id) == str(attempt).encode():
+                    del self.t.latest[job_id]
 
     # ---------------------------------------------------------------- terminations
     async def _terminations(self, stream: Any) -> None:
@@ -267,7 +281,10 @@ class Pipeline:
             except (orjson.JSONDecodeError, KeyError, TypeError) as exc:
                 await self._dead_letter(event, f"bad decide request: {exc}", "decide")
                 continue
-            if key in todo or key in self.t.decided:
+            if key in todo:
+                continue
+            if key in self.t.decided:
+                self._requested.pop(key, None)
                 continue
             raw = self.t.pending.get(key)
             if raw is None:
@@ -280,6 +297,11 @@ class Pipeline:
             log_window = (window.to_log_window(job.job_id, job.attempt) if window is not None
                           else LogWindow(job.job_id, job.attempt, []))
             todo[key] = (event, job, pending["event_time"], log_window)
+        now = time.time()
+        if now - self._decisions_swept.get(partition, 0.0) > SWEEP_EVERY_S:
+            self._decisions_swept[partition] = now
+            self._in_event(stream, events[-1])
+            self._expire_decisions(partition, now)
         if not todo:
             return
         to_classify = [w for (_, _, _, w) in todo.values() if not w.empty]
