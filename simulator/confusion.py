@@ -19,7 +19,9 @@ __all__ = ["ASSUMED", "CLASSES", "PREDICTIONS", "ConfusionMatrix"]
 
 CLASSES = ("deterministic", "nondeterministic")
 PREDICTIONS = ("deterministic", "nondeterministic", "unknown")
-_WRAPPERS = ("confusion_matrix", "confusion", "matrix_by_class")
+# Keys under which a report may nest the matrix; ``sibylla evaluate --json`` puts the shipped
+# model's row under "model" and its matrix under "confusion".
+_WRAPPERS = ("confusion_matrix", "confusion", "model")
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,7 +68,9 @@ class ConfusionMatrix:
 
     @classmethod
     def from_json(cls, path: str | Path) -> ConfusionMatrix:
-        return cls(_find_rows(json.loads(Path(path).read_text())), str(path))
+        doc = json.loads(Path(path).read_text())
+        version = doc.get("model_version") if isinstance(doc, Mapping) else None
+        return cls(_find_rows(doc), f"{path} (model {version})" if version else str(path))
 
 
 def _rows_from_lists(labels: Sequence[str], matrix: Sequence[Sequence[float]]) -> dict:
@@ -89,7 +93,7 @@ def _find_rows(doc: Any) -> dict[str, dict[str, float]]:
                 return _find_rows(doc[key])
     raise ValueError(
         "no confusion matrix found: expected {true: {predicted: count}}, "
-        "{labels, matrix} or either under 'confusion_matrix'"
+        "{labels, matrix} or either under 'confusion_matrix', 'confusion' or 'model'"
     )
 
 

@@ -64,3 +64,24 @@ def test_a_report_without_a_matrix_is_refused(tmp_path):
 
 def test_the_default_matrix_says_it_is_an_assumption():
     assert "ASSUMED" in ASSUMED.source
+
+
+def test_the_report_of_sibylla_evaluate_json_is_read(tmp_path):
+    report = {
+        "accuracy": 0.9,
+        "model_version": "v7",
+        "model": {
+            "accuracy": 0.9,
+            "confusion": {
+                "deterministic": {"deterministic": 45, "nondeterministic": 3, "unknown": 2},
+                "nondeterministic": {"deterministic": 1, "nondeterministic": 48, "unknown": 1},
+            },
+        },
+        "rows": {"regex rules": {"confusion": {}}},
+    }
+    path = tmp_path / "eval.json"
+    path.write_text(json.dumps(report))
+    m = ConfusionMatrix.from_json(path)
+    assert m.rates("deterministic") == pytest.approx((0.90, 0.06, 0.04))
+    assert m.rates("nondeterministic") == pytest.approx((0.02, 0.96, 0.02))
+    assert "model v7" in m.source
