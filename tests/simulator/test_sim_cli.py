@@ -86,7 +86,8 @@ def test_simulate_with_the_model_adds_its_row(capsys, tmp_path, monkeypatch):
         loaded.append(path)
         return KeywordClassifier()
 
-    monkeypatch.setattr(sibylla.inference, "load_classifier", load_classifier, raising=False)
+    # Through the module's dict: the package resolves load_classifier lazily (importing torch).
+    monkeypatch.setitem(vars(sibylla.inference), "load_classifier", load_classifier)
     corpus = tmp_path / "logs.jsonl"
     corpus.write_text("\n".join(json.dumps(e) for e in CORPUS))
     argv = [
