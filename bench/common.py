@@ -1,0 +1,298 @@
+"""Helpers of the pipeline benchmark: synthetic training logs, producing, a worker process.
+
+Kept apart from ``bench_pipeline.py`` so the measurement script reads as the method it
+implements (produce, consume, time) rather than as process and protocol plumbing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import random
+import re
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+import zlib
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import orjson
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+
+from sibylla.brokers.process import free_port
+from sibylla.settings import Settings
+from sibylla.streams.keys import partition_of
+
+__all__ = [
+    "LinePool",
+    "Worker",
+    "bare_consume",
+    "batch_record",
+    "line_record",
+    "produce_partitioned",
+]
+
+# ----------------------------------------------------------------------------- synthetic logs
+
+_WARNINGS = (
+    "UserWarning: torch.utils.checkpoint: the use_reentrant parameter should be passed "
+    "explicitly.",
+    "[W reducer.cpp:1300] Warning: find_unused_parameters=True was specified in DDP "
+    "constructor, but did not find any unused parameters in the forward pass.",
+    "WARNING:root:gradient overflow, skipping step, loss scaler 0 reducing loss scale to 32768.0",
+    "FutureWarning: `torch.cuda.amp.GradScaler(args...)` is deprecated. Please use "
+    "`torch.amp.GradScaler('cuda', args...)` instead.",
+    "NCCL INFO Channel 02/32 : 0[0] -> 1[1] via P2P/CUMEM/read",
+)
+
+
+class TrainingLog:
+    """Lines a data-parallel training job prints: step/loss/lr/throughput lines under a rank
+    prefix, tqdm progress bars, checkpoints, evaluation and the odd warning.
+
+    Realistic text matters: the ingest path runs an error-start regex and a byte count on
+    every line, whose cost depends on length and content. Seeded per job, so every run
+    produces the same bytes.
+    """
+
+    def __init__(self, job: int, ranks: int = 8) -> None:
+        self.rng = random.Random(job)
+        self.ranks = ranks
+        self.step = 0
+        self.loss = 4.0 + self.rng.random()
+
+    def lines(self, n: int) -> list[str]:
+        """The next ``n`` lines of this job's output."""
+        rng, out = self.rng, []
+        for _ in range(n):
+            self.step += 1
+            self.loss *= 0.9995
+            rank = rng.randrange(self.ranks)
+            kind = rng.random()
+            if kind < 0.70:
+                out.append(
+                    f"[rank{rank}]: step {self.step} | loss {self.loss + rng.gauss(0, 0.05):.4f}"
+                    f" | lr {3e-4 * min(1.0, self.step / 2000):.3e} | grad_norm "
+                    f"{rng.uniform(0.2, 1.5):.3f} | {rng.uniform(95, 160):.1f} samples/s | "
+                    f"mem {rng.uniform(30, 70):.1f}GB")
+            elif kind < 0.90:
+                done = self.step % 1000
+                bar = "#" * (done // 100)
+                out.append(f"Epoch {self.step // 1000}: {done / 10:3.0f}%|{bar:<10}| "
+                           f"{done}/1000 [{done // 60:02d}:{done % 60:02d}<07:12, "
+                           f"{rng.uniform(2, 3):.2f}it/s, loss={self.loss:.3f}]")
+            elif kind < 0.96:
+                out.append(f"[rank{rank}]: {rng.choice(_WARNINGS)}")
+            elif kind < 0.99:
+                out.append(f"INFO:trainer:eval step {self.step}: val_loss={self.loss * 1.05:.4f}"
+                           f" val_ppl={2.718 ** min(self.loss, 20):.2f} tokens={self.step * 4096}")
+            else:
+                out.append(f"INFO:checkpoint:saved checkpoint to /ckpt/run/step_{self.step}.pt "
+                           f"({rng.uniform(1, 9):.2f} GB in {rng.uniform(3, 30):.1f}s)")
+        return out
+
+
+class LinePool:
+    """Each job's output cut from one pool of generated lines, every job at its own offset.
+
+    Generating a line costs about 6 µs, as much as the worker may spend on it; a pool keeps
+    the producer out of the way while every job still prints realistic, varied lines.
+    """
+
+    def __init__(self, size: int = 60_000) -> None:
+        self.pool = TrainingLog(0).lines(size)
+        self.cursors: dict[str, int] = {}
+
+    def take(self, job_id: str, n: int) -> list[str]:
+        """The next ``n`` lines of ``job_id``."""
+        pool, size = self.pool, len(self.pool)
+        start = self.cursors.get(job_id, zlib.crc32(job_id.encode()) % size)
+        self.cursors[job_id] = (start + n) % size
+        if start + n <= size:
+            return pool[start:start + n]
+        return [pool[(start + i) % size] for i in range(n)]
+
+
+def batch_record(job_id: str, lines: Sequence[str], eos: bool = False) -> bytes:
+    """A LogBatch record, as ``Shipper.send_lines`` encodes it."""
+    now = time.time()
+    record: dict[str, Any] = {"job_id": job_id, "attempt": 0,
+                              "lines": [{"ts": now, "stream": "stdout", "line": ln}
+                                        for ln in lines]}
+    if eos:
+        record["eos"] = True
+    return orjson.dumps(record)
+
+
+def line_record(job_id: str, line: str) -> bytes:
+    """A LogLine record, as ``Shipper.send_line`` encodes it."""
+    return orjson.dumps({"job_id": job_id, "attempt": 0, "ts": time.time(),
+                         "stream": "stdout", "line": line})
+
+
+# ----------------------------------------------------------------------------- Kafka clients
+
+async def produce_partitioned(settings: Settings, topic: str,
+                              records: Iterator[tuple[str, bytes]]) -> tuple[int, float]:
+    """Publish ``(job_id, value)`` pairs keyed by job_id; returns (messages, seconds).
+
+    Uses aiokafka's batch API with the partition the worker expects (murmur2 of the job_id),
+    which produces several times faster than one ``send`` per record; the benchmark wants
+    the broker filled quickly, not the producer measured.
+    """
+    producer = AIOKafkaProducer(bootstrap_servers=settings.bootstrap_servers,
+                                max_request_size=8 << 20, linger_ms=5,
+                                **settings.kafka_client_options())
+    await producer.start()
+    started = time.perf_counter()
+    count = 0
+    builders: dict[int, Any] = {}
+    pending: list[asyncio.Future[Any]] = []
+
+    async def ship(partition: int) -> None:
+        builder = builders.pop(partition)
+        pending.append(await producer.send_batch(builder, topic, partition=partition))
+        if len(pending) > 64:
+            await asyncio.gather(*pending)
+            pending.clear()
+
+    try:
+        for job_id, value in records:
+            key = job_id.encode()
+            partition = partition_of(job_id, settings.partitions)
+            builder = builders.get(partition)
+            if builder is None:
+                builder = builders[partition] = producer.create_batch()
+            if builder.append(key=key, value=value, timestamp=None) is None:
+                await ship(partition)
+                builder = builders[partition] = producer.create_batch()
+                if builder.append(key=key, value=value, timestamp=None) is None:
+                    raise ValueError(f"a record of {len(value)} bytes does not fit a batch")
+            count += 1
+        for partition in list(builders):
+            await ship(partition)
+        await asyncio.gather(*pending)
+    finally:
+        await producer.stop()
+    return count, time.perf_counter() - started
+
+
+async def bare_consume(settings: Settings, topic: str, expected_lines: int,
+                       timeout_s: float) -> dict[str, float]:
+    """The reference consumer: aiokafka ``getmany`` plus ``orjson.loads`` of every record,
+    counting lines (a LogBatch's list, or one per LogLine), no group, from the beginning.
+
+    Timed like the worker: from the first fetched batch to the last line, so connecting and
+    the first fetch round trip are excluded on both sides of the ratio.
+    """
+    consumer = AIOKafkaConsumer(bootstrap_servers=settings.bootstrap_servers,
+                                enable_auto_commit=False, auto_offset_reset="earliest",
+                                **settings.kafka_client_options())
+    await consumer.start()
+    try:
+        tps = [TopicPartition(topic, p) for p in range(settings.partitions)]
+        consumer.assign(tps)
+        await consumer.seek_to_beginning(*tps)
+        deadline = time.monotonic() + timeout_s
+        first_t = first_n = None
+        lines = 0
+        loads = orjson.loads
+        while lines < expected_lines and time.monotonic() < deadline:
+            batch = await consumer.getmany(timeout_ms=1000)
+            for records in batch.values():
+                for record in records:
+                    value = loads(record.value)
+                    batch_lines = value.get("lines")
+                    lines += 1 if batch_lines is None else len(batch_lines)
+            if first_t is None and lines:
+                first_t, first_n = time.perf_counter(), lines
+        end = time.perf_counter()
+    finally:
+        await consumer.stop()
+    if first_t is None or first_n is None or lines < expected_lines:
+        raise RuntimeError(f"bare consumer read {lines} of {expected_lines} lines")
+    return {"lines": lines, "seconds": end - first_t,
+            "lines_per_s": (lines - first_n) / max(end - first_t, 1e-9)}
+
+
+# ----------------------------------------------------------------------------- the worker
+
+_METRIC = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{[^}]*\})? ([-+0-9.eEinfNa]+)$")
+
+
+class Worker:
+    """``python -m sibylla worker`` as a child process with its own settings, a context manager.
+
+    Its own session (process group), so stopping it never touches the benchmark, and the
+    pid is the Python process itself, whose /proc status gives the peak RSS.
+    """
+
+    def __init__(self, env: dict[str, str], log_path: Path,
+                 command: Sequence[str] = (sys.executable, "-m", "sibylla", "worker")) -> None:
+        self.web_port = free_port()
+        self.env = {**os.environ, **env, "SIBYLLA_WEB_PORT": str(self.web_port)}
+        self.log_path = log_path
+        self.command = list(command)
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.spawned_at = 0.0  # time.time() at spawn, comparable with Kafka timestamps
+
+    def start(self) -> Worker:
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        with open(self.log_path, "ab") as out:
+            self.spawned_at = time.time()
+            self.proc = subprocess.Popen(self.command, stdout=out, stderr=subprocess.STDOUT,
+                                         stdin=subprocess.DEVNULL, env=self.env,
+                                         start_new_session=True)
+        return self
+
+    def check_alive(self) -> None:
+        """Raise with the end of the worker's log when it died."""
+        if self.proc is not None and self.proc.poll() is not None:
+            tail = self.log_path.read_text(errors="replace")[-3000:]
+            raise RuntimeError(f"worker exited with {self.proc.returncode}:\n{tail}")
+
+    def metrics(self) -> dict[str, float]:
+        """Samples of /metrics, labelled series summed per name; empty while not serving."""
+        try:
+            with urllib.request.urlopen(
+                    f"http://127.0.0.1:{self.web_port}/metrics", timeout=2) as response:
+                text = response.read().decode()
+        except OSError:
+            return {}
+        out: dict[str, float] = {}
+        for line in text.splitlines():
+            match = _METRIC.match(line)
+            if match:
+                out[match[1]] = out.get(match[1], 0.0) + float(match[3])
+        return out
+
+    def memory_kib(self) -> dict[str, int]:
+        """VmHWM (peak resident set) and VmRSS of the worker process, in KiB."""
+        assert self.proc is not None
+        out: dict[str, int] = {}
+        for line in Path(f"/proc/{self.proc.pid}/status").read_text().splitlines():
+            name, _, value = line.partition(":")
+            if name in ("VmHWM", "VmRSS"):
+                out[name] = int(value.split()[0])
+        return out
+
+    def stop(self) -> None:
+        proc, self.proc = self.proc, None
+        if proc is None or proc.poll() is not None:
+            return
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(15)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+
+    def __enter__(self) -> Worker:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
