@@ -68,6 +68,7 @@ def _matrix(args: argparse.Namespace) -> ConfusionMatrix:
 
 
 def _model_policy(args: argparse.Namespace, jobs: list[Job]) -> RetryPolicy:
+    from sibylla.inference import ModelLoadError, load_classifier
     from sibylla.simulator.model_policy import (
         corpus_logs,
         generated_logs,
@@ -76,12 +77,9 @@ def _model_policy(args: argparse.Namespace, jobs: list[Job]) -> RetryPolicy:
     )
 
     try:
-        from sibylla.inference import load_classifier  # type: ignore[attr-defined]
-    except ImportError:
-        raise SystemExit(
-            "sibylla simulate --model: the classifier package has no load_classifier"
-        ) from None
-    classifier = load_classifier(args.model or None)
+        classifier = load_classifier(args.model or None)
+    except ModelLoadError as exc:
+        raise SystemExit(f"sibylla simulate --model: {exc}") from None
     if args.model_logs:
         logs = corpus_logs(jobs, load_corpus(args.model_logs), args.seed)
     else:
@@ -89,7 +87,24 @@ def _model_policy(args: argparse.Namespace, jobs: list[Job]) -> RetryPolicy:
     return VerdictPolicy(model_verdicts(classifier, logs), args.max_retries)
 
 
+def _bad_simulate_args(args: argparse.Namespace) -> str | None:
+    """Why the arguments cannot be simulated, or None."""
+    if args.jobs < 1 or args.gpus_per_server < 1 or args.max_retries < 0:
+        return "--jobs and --gpus-per-server must be >= 1, --max-retries >= 0"
+    if not 0 <= args.retry_success <= 1:
+        return "--retry-success must be between 0 and 1"
+    if args.load <= 0 or (args.servers is not None and args.servers < 1):
+        return "--load must be > 0 and --servers >= 1"
+    if args.backfill_depth < 1:
+        return "--backfill-depth must be >= 1"
+    return None
+
+
 def run_simulate(args: argparse.Namespace) -> int:
+    problem = _bad_simulate_args(args)
+    if problem:
+        print(f"sibylla simulate: {problem}", file=sys.stderr)
+        return 2
     jobs, label = _trace(args)
     if not jobs:
         print("sibylla simulate: the trace has no replayable jobs", file=sys.stderr)

@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 import re
 
+import pytest
+
 from sibylla.cli import main
 from tests.simulator.fixtures import CORPUS, KeywordClassifier
 
@@ -162,3 +164,11 @@ def test_reliability_from_a_philly_trace_says_it_is_an_upper_bound(capsys, tmp_p
     out = capsys.readouterr().out
     assert "r_f = 2.500e-01" in out  # 1 failure over 4 node-days
     assert "an upper bound" in out
+
+
+@pytest.mark.parametrize(
+    "argv", [["--retry-success", "1.5"], ["--load", "0"], ["--jobs", "0"], ["--servers", "0"]]
+)
+def test_simulate_refuses_impossible_settings_with_a_reason(capsys, argv):
+    assert main(["simulate", "--no-plots", *argv]) == 2
+    assert "sibylla simulate: --" in capsys.readouterr().err
