@@ -3,9 +3,10 @@
 Futile retries are retry attempts (not first attempts) that failed: GPU time a perfect policy
 would not have spent. JCT runs from submission to the end of a job's last attempt, whatever its
 fate; queueing delay sums the waits before each of its attempts. Utilization is busy GPU time
-over capacity; "useful" is the share of that busy time
-spent on attempts that did not fail. Both are reckoned over the arrival window (first to last
-submission) so that the drain of a few long jobs after the last arrival does not dilute them.
+over capacity; "useful" is the share of that busy time spent on attempts that did not fail.
+Both are reckoned over the arrival window (first to last submission; until the last end when
+all jobs arrive at once) so that the drain of a few long jobs after the last arrival does not
+dilute them.
 """
 
 from __future__ import annotations
@@ -46,6 +47,8 @@ def jct_hours(result: SimResult) -> np.ndarray:
 def measure(result: SimResult) -> PolicyMetrics:
     first = min(j.submit for j in result.jobs)
     last = max(j.submit for j in result.jobs)
+    if last <= first:  # every job arrived at once: the window runs until the last one ends
+        last = max(result.finished)
     busy = futile = failed = queue = window_busy = window_failed = 0.0
     for a in result.attempts:
         gpu_s = a.gpus * (a.end - a.start)

@@ -106,3 +106,10 @@ def test_a_multi_server_job_takes_whole_servers():
 def test_a_job_larger_than_the_cluster_is_refused():
     with pytest.raises(ValueError, match="cluster is smaller"):
         simulate([job(0, 0, 32, 1)], NeverRetry(), servers=2, gpus_per_server=8)
+
+
+def test_a_batch_arriving_at_once_is_measured_until_it_drains():
+    jobs = [job(0, 0, 4, 2), job(1, 0, 4, 1)]
+    metrics = measure(simulate(jobs, NeverRetry(), servers=1, gpus_per_server=4))
+    assert metrics.utilization == pytest.approx(1.0)  # 3 h of work on 4 GPUs over 3 h
+    assert metrics.mean_queue_h == pytest.approx(1.0)  # one of the two waited 2 h
