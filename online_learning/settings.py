@@ -36,6 +36,9 @@ class OnlineSettings:
     label_min_margin: float = _setting(
         0.5, "Winning minus losing weight a label needs (ties never label).", min=0.0)
 
+    votes_ttl_s: float = _setting(
+        7 * 24 * 3600.0, "Votes of an attempt are dropped this long after it failed.", min=1.0)
+
     # --- trainer ------------------------------------------------------------------------------
     models_dir: Path = _setting(Path("sibylla-models"),
                                 "Where the trainer writes promoted models and its index.")

@@ -12,7 +12,8 @@ Where a label goes:
   the committee disagrees with retry outcomes more than ``drift_threshold``, :meth:`step`
   fine-tunes the current model on them plus as many replayed older examples, scores both
   models on the real logs and the held-back labels, and promotes the candidate if the gate
-  lets it through.
+  lets it through. The new examples then join the replay buffer, unless the gate refused
+  them: a batch that made a worse model (mislabeled by noise or by an attacker) is dropped.
 """
 
 from __future__ import annotations
@@ -177,7 +178,8 @@ class Trainer:
         cand_scores = {p: score(cand_classifier, exs) for p, exs in parts.items()}
         result = gate(current_scores, cand_scores, self.s.gate_tolerance,
                       self.s.gate_precision_tolerance)
-        self.replay.extend(new)
+        if result.promote:  # a batch the gate refused is suspect: never replay it
+            self.replay.extend(new)
         self.new.clear()
         self._disagreement.clear()
         parent = self.classifier.version

@@ -175,6 +175,7 @@ class AttemptRecord:
     decided: bool = False  # the window is known (the decision came)
     votes: dict[str, Vote] = field(default_factory=dict)  # one per source: the latest
     published: TrueLabel | None = None
+    created_at: float = 0.0  # when the first vote or the window came (for expiry)
 
     def with_vote(self, vote: Vote) -> AttemptRecord:
         return replace(self, votes={**self.votes, vote.source: vote})
@@ -193,7 +194,7 @@ class AttemptRecord:
         raw: dict[str, Any] = {
             "v": RECORD_VERSION, "job_id": self.job_id, "attempt": self.attempt, "log": self.log,
             "category": self.category, "signature": self.signature, "decided": self.decided,
-            "published": self.published,
+            "published": self.published, "created_at": self.created_at,
             "votes": [[v.source, v.label, v.weight] for v in self.votes.values()],
         }
         return orjson.dumps(raw)
@@ -205,4 +206,4 @@ class AttemptRecord:
             raise ValueError(f"votes record version {raw.get('v')!r}, expected {RECORD_VERSION}")
         votes = {s: Vote(s, label, w) for s, label, w in raw["votes"]}
         return cls(raw["job_id"], raw["attempt"], raw["log"], raw["category"], raw["signature"],
-                   raw["decided"], votes, raw["published"])
+                   raw["decided"], votes, raw["published"], raw["created_at"])

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Mapping
 from dataclasses import replace
 from typing import Any
@@ -32,7 +33,8 @@ from sibylla.inference.api import Classifier, LogWindow, Prediction
 from sibylla.schemas.records import Decision, ModelAnnouncement, RecordError, parse_job_event
 from sibylla.streams.agents import Pipeline
 from sibylla.streams.app import RAW
-from sibylla.streams.keys import attempt_key
+from sibylla.streams.keys import attempt_key, partition_of, split_key
+from sibylla.streams.state import live_items
 
 from .announce import AnnouncementError, verify
 from .metrics import VoteMetrics
@@ -55,6 +57,7 @@ __all__ = ["PRIMARY", "OnlineLearning", "register"]
 log = logging.getLogger(__name__)
 
 PRIMARY = "primary"  # committee name of the model that made the decision
+SWEEP_EVERY_S = 600.0  # how often a partition's expired votes are looked for
 
 
 class OnlineLearning:
@@ -74,6 +77,7 @@ class OnlineLearning:
         self.label_votes = app.topic(ws.topic("label-votes"), internal=True,
                                      partitions=ws.partitions, **RAW)
         self.metrics = VoteMetrics(pipeline.metrics.registry)
+        self._last_sweep: dict[int, float] = {}
 
     def register(self) -> None:
         app = self.p.t.app
@@ -108,7 +112,7 @@ class OnlineLearning:
             for name, model in self.committee.items():
                 predictions[name] = (await asyncio.to_thread(model.predict, [window]))[0]
         record = self._get(decision.job_id, decision.attempt) or AttemptRecord(
-            decision.job_id, decision.attempt)
+            decision.job_id, decision.attempt, created_at=time.time())
         record = replace(record, log=window_text(window), category=decision.category,
                          signature=error_signature(window), decided=True)
         for vote in committee_votes(predictions, self.rule):
@@ -139,6 +143,22 @@ class OnlineLearning:
             if job.event == "finished" and job.state == "COMPLETED" and job.attempt > 0:
                 self.p._in_event(stream, event)
                 await self._outcome(job.job_id, job.attempt - 1, True, None)
+            partition, now = event.message.partition, time.time()
+            if now - self._last_sweep.get(partition, 0.0) > SWEEP_EVERY_S:
+                self._last_sweep[partition] = now
+                self.p._in_event(stream, event)
+                self.expire(partition, now)
+
+    def expire(self, partition: int, now: float) -> int:
+        """Drop the votes of this partition's attempts older than the TTL (in an event of
+        that partition, so the deletions reach its changelog); returns how many."""
+        horizon, partitions = now - self.s.votes_ttl_s, self.p.settings.partitions
+        old = [key for key, value in live_items(self.votes)
+               if partition_of(split_key(key)[0], partitions) == partition
+               and AttemptRecord.from_bytes(value).created_at < horizon]
+        for key in old:
+            del self.votes[key]
+        return len(old)
 
     async def _operator_votes(self, stream: Any) -> None:
         async for event in stream.events():
@@ -148,7 +168,8 @@ class OnlineLearning:
                 log.warning("bad operator label %r: %s", event.message.value[:200], exc)
                 continue
             self.p._in_event(stream, event)
-            record = self._get(job_id, attempt) or AttemptRecord(job_id, attempt)
+            record = self._get(job_id, attempt) or AttemptRecord(job_id, attempt,
+                                                                 created_at=time.time())
             self.metrics.votes.labels(kind="operator").inc()
             await self._put(record.with_vote(operator_vote(label, self.rule)))
 

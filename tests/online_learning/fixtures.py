@@ -11,17 +11,9 @@ from sibylla.inference.taxonomy import CATEGORIES
 from sibylla.inference.train import Example, examples_from_records
 from sibylla.inference.vocab import Vocabulary
 from sibylla.schemas.records import Label, Vote
+from tests.inference.fixtures import NCCL_LOG, OOM_LOG
 
-OOM_LOG = """\
-Traceback (most recent call last):
-  File "/home/u/train.py", line 12, in <module>
-    loss = model(x)
-torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB"""
-
-NCCL_LOG = """\
-[rank3]:[E ProcessGroupNCCL.cpp:563] Watchdog caught collective operation timeout: \
-WorkNCCL(SeqNum=48211, OpType=ALLREDUCE) ran for 1800092 milliseconds before timing out."""
-
+__all__ = ["NCCL_LOG", "OOM_LOG", "examples", "label", "tiny_checkpoint"]
 
 def examples(n: int, seed: int = 0) -> list[Example]:
     return examples_from_records(generate(n, seed=seed))

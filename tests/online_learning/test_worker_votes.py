@@ -3,6 +3,7 @@ labels win; announced models are swapped in only when their checksum matches."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 from types import SimpleNamespace
@@ -18,6 +19,7 @@ from sibylla.online_learning.settings import OnlineSettings
 from sibylla.online_learning.worker import OnlineLearning
 from sibylla.schemas.records import Decision, Label
 from sibylla.settings import Settings
+from sibylla.streams.keys import partition_of
 from tests.online_learning.fixtures import examples, tiny_checkpoint
 
 ERROR = ["Traceback (most recent call last):", '  File "/home/u/train.py", line 3',
@@ -67,7 +69,7 @@ def labels(topic: FakeTopic) -> list[Label]:
 
 async def events(*values: bytes) -> AsyncIterator[Any]:
     for value in values:
-        yield SimpleNamespace(message=SimpleNamespace(value=value))
+        yield SimpleNamespace(message=SimpleNamespace(value=value, partition=0))
 
 
 class Stream:
@@ -130,3 +132,13 @@ async def test_announced_model_is_swapped_only_with_the_right_checksum(tmp_path:
     assert not await ol.on_announcement(b"{}")
     assert await ol.on_announcement(ann.to_json())
     assert [c.version for c in ol.p.swapped] == ["v1"]
+
+
+async def test_votes_older_than_the_ttl_are_dropped() -> None:
+    ol, _ = loop()
+    await ol.on_decided(LogWindow("job", 0, ERROR, ERROR), decision(0))
+    key = next(iter(ol.votes))
+    partition = partition_of("job", ol.p.settings.partitions)
+    assert ol.expire(partition, time.time()) == 0
+    assert ol.expire(partition, time.time() + ol.s.votes_ttl_s + 1) == 1
+    assert key not in ol.votes

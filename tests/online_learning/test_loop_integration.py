@@ -1,0 +1,107 @@
+"""The loop end to end on a real broker: failed attempts and their retries' outcomes flow in,
+labels come out, the trainer fine-tunes and promotes a model, and the worker's next decision
+carries the promoted model's version.
+
+Needs ``sibylla.online_learning.worker.register`` wired into the worker (streams/worker.py).
+The trainer runs in-process with a gate that lets anything through: what is tested here is the
+plumbing (labels, announcement, checksum, hot swap); the gate has its own tests.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from pathlib import Path
+
+import orjson
+import pytest
+
+from sibylla.inference.checkpoint import load_checkpoint
+from sibylla.inference.corpus import REAL_FILES, load_records, packaged_path
+from sibylla.inference.train import examples_from_records
+from sibylla.online_learning.service import announce
+from sibylla.online_learning.settings import OnlineSettings
+from sibylla.online_learning.store import ModelStore
+from sibylla.online_learning.trainer import Trainer
+from sibylla.schemas.records import Decision, JobEvent, Label
+from sibylla.settings import Settings
+from sibylla.streams.ship import Shipper
+from tests.integration.fixtures import (
+    DETERMINISTIC_LOG,
+    NONDETERMINISTIC_LOG,
+    collect_decisions,
+    make_settings,
+    read_all,
+    start_worker,
+)
+
+pytestmark = pytest.mark.integration
+
+
+async def _attempt(shipper: Shipper, job_id: str, attempt: int, log: str | None,
+                   state: str) -> None:
+    if log is not None:
+        await shipper.send_lines(job_id, log.splitlines(), attempt=attempt, eos=True)
+    await shipper.send_event(JobEvent(job_id, attempt, "finished", state,
+                                      0 if state == "COMPLETED" else 1, None, ("gpu-a01",), 8))
+
+
+async def _labels(settings: Settings) -> list[Label]:
+    return [Label.from_json(orjson.dumps(r)) for r in await read_all(settings, "labels", 1.0)]
+
+
+def test_outcomes_become_labels_and_a_promoted_model_makes_the_next_decision(
+        broker, unique_prefix: str, tmp_path: Path) -> None:
+    settings = make_settings(broker.bootstrap_servers, unique_prefix, tmp_path)
+    online = OnlineSettings(models_dir=tmp_path / "models", finetune_every=2,
+                            holdout_every=1_000_000, finetune_epochs=1, gate_tolerance=1.0,
+                            gate_precision_tolerance=1.0, trainer_metrics_port=0)
+    with start_worker(settings, tmp_path) as worker:
+
+        async def failures_and_retries() -> list[Label]:
+            async with Shipper(settings) as shipper:
+                # Same error twice: attempt 0 was deterministic whatever the model said.
+                await _attempt(shipper, "job-shape", 0, DETERMINISTIC_LOG, "FAILED")
+                await _attempt(shipper, "job-nccl", 0, NONDETERMINISTIC_LOG, "FAILED")
+                await shipper.flush()
+                await collect_decisions(settings, {"job-shape", "job-nccl"}, timeout_s=90)
+                await _attempt(shipper, "job-shape", 1, DETERMINISTIC_LOG, "FAILED")
+                await _attempt(shipper, "job-nccl", 1, "epoch 9 done", "COMPLETED")
+                await shipper.flush()
+            wanted = {("job-shape", 0), ("job-nccl", 0)}
+            for _ in range(60):
+                labels = await _labels(settings)
+                if {(lab.job_id, lab.attempt) for lab in labels} >= wanted:
+                    break
+            return labels
+
+        labels = asyncio.run(failures_and_retries())
+        got = {(lab.job_id, lab.attempt): lab.label for lab in labels}
+        assert got.get(("job-shape", 0)) == "deterministic", worker.tail()
+        assert got.get(("job-nccl", 0)) == "nondeterministic", worker.tail()
+
+        base = load_checkpoint(settings.model_path or None)
+        held_out = examples_from_records(load_records(packaged_path(REAL_FILES[1]))[:20])
+        store = ModelStore(online.models_dir)
+        trainer = Trainer(online, store, base, held_out)
+        for label in labels:
+            trainer.add_label(label)
+        assert trainer.due() == "labels"
+        report = trainer.step("labels")
+        assert report.result.promote
+        asyncio.run(announce(settings, online, store, store.get(report.version)))
+
+        swapped = f'sibylla_model_info{{version="{report.version}"}} 1.0'
+        deadline = time.monotonic() + 60
+        while swapped not in worker.metrics_text() and time.monotonic() < deadline:
+            time.sleep(0.5)
+        assert swapped in worker.metrics_text(), worker.tail()
+
+        async def next_decision() -> list[Decision]:
+            async with Shipper(settings) as shipper:
+                await _attempt(shipper, "job-after", 0, DETERMINISTIC_LOG, "FAILED")
+                await shipper.flush()
+            return await collect_decisions(settings, {"job-after"}, timeout_s=60)
+
+        after = [d for d in asyncio.run(next_decision()) if d.job_id == "job-after"]
+        assert [d.model_version for d in after] == [report.version], worker.tail()
