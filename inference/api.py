@@ -36,6 +36,8 @@ ERROR_START = re.compile(
     r"|CUDA error|CUDA out of memory|out of memory|\bXid\b|ECC error"
     r"|\berror:"
     r"|srun: error|slurmstepd: error|\bexited with (?:exit )?code [1-9]"
+    r"|terminate called after throwing|Watchdog caught collective|\bLoss is (?:nan|inf)\b"
+    r"|\bDUE TO (?:NODE FAILURE|PREEMPTION|TIME LIMIT)"
 )
 
 

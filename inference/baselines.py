@@ -98,7 +98,7 @@ class TfidfLogReg:
                 cols.append(i)
                 vals.append((1 + math.log(c)) * float(self.idf[i]) / norm)
         return torch.sparse_coo_tensor([rows, cols], vals, (len(docs), len(self.vocab)),
-                                       dtype=torch.float32).coalesce()
+                                       dtype=torch.float32, check_invariants=False).coalesce()
 
     @staticmethod
     def _docs(windows: Sequence[LogWindow]) -> list[list[str]]:

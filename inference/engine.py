@@ -125,7 +125,8 @@ class ModelClassifier:
 
     def predict(self, windows: Sequence[LogWindow]) -> list[Prediction]:
         encoded = [encode_window(w, self.vocab, MAX_TOKENS) for w in windows]
-        live = [i for i, enc in enumerate(encoded) if enc.ids]
+        # A window with no non-blank line is "no log": nothing to judge, so no verdict.
+        live = [i for i, enc in enumerate(encoded) if len(enc.lines) > 1]
         with self._lock:
             scores = score_sequences(self.model, [encoded[i].ids for i in live],
                                      self.batch_size, self.device)

@@ -1,0 +1,129 @@
+"""Inference throughput and latency: the recurrent model against the TF-IDF baseline.
+
+For batch sizes 1, 8 and 64 of windows that fill the model's 512-token budget, times
+``predict`` end to end (preprocessing, tokenization, bucketing, forward pass, decisions: what
+a stream worker pays) and reports windows/s and the p50/p99 latency of one batch. Writes
+bench/results/inference[-<device>].json and prints a table.
+
+    python bench/bench_inference.py [--model PATH] [--device cpu|cuda] [--threads N]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import platform
+import statistics
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+__all__ = ["main"]
+
+logger = logging.getLogger(__name__)
+
+RESULTS = Path(__file__).parent / "results"
+
+
+def _windows(n: int, max_tokens: int) -> list[Any]:
+    """``n`` distinct windows long enough to fill ``max_tokens`` tokens."""
+    from sibylla.inference.features import window_tokens
+    from sibylla.inference.preprocess import window_from_text
+    from sibylla.inference.synthetic import generate
+
+    out = []
+    records = generate(n * 4, seed=99)
+    for i, rec in enumerate(records):
+        log = rec.log
+        while len(window_tokens(window_from_text(log))[0]) < max_tokens:
+            log = records[(i + len(log)) % len(records)].log + "\n" + log
+        out.append(window_from_text(log, job_id=str(i)))
+        if len(out) == n:
+            break
+    return out
+
+
+def _time(predict: Callable[[Sequence[Any]], Any], windows: Sequence[Any], batch: int,
+          seconds: float) -> dict[str, float]:
+    predict(windows[:batch])  # warm-up
+    latencies = []
+    start = time.perf_counter()
+    i = 0
+    while time.perf_counter() - start < seconds or len(latencies) < 5:
+        chunk = [windows[(i + k) % len(windows)] for k in range(batch)]
+        t0 = time.perf_counter()
+        predict(chunk)
+        latencies.append(time.perf_counter() - t0)
+        i += batch
+    latencies.sort()
+    return {
+        "batch": batch,
+        "windows_per_s": round(batch * len(latencies) / sum(latencies), 1),
+        "p50_ms": round(1000 * statistics.median(latencies), 2),
+        "p99_ms": round(1000 * latencies[min(len(latencies) - 1,
+                                             int(0.99 * len(latencies)))], 2),
+        "batches": len(latencies),
+    }
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default="", help="model file (default: the shipped model)")
+    parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+    parser.add_argument("--threads", type=int, default=0, help="torch threads (0: default)")
+    parser.add_argument("--seconds", type=float, default=3.0, help="timing per configuration")
+    parser.add_argument("--batches", default="1,8,64")
+    parser.add_argument("--out", default="", help="results file")
+    args = parser.parse_args(argv)
+
+    import torch
+
+    from sibylla.inference.baselines import TfidfLogReg
+    from sibylla.inference.engine import load_classifier
+    from sibylla.inference.features import MAX_TOKENS, window_tokens
+    from sibylla.inference.preprocess import window_from_text
+    from sibylla.inference.synthetic import generate
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    model = load_classifier(args.model or None, device=args.device)
+    windows = _windows(128, MAX_TOKENS)
+    tokens = statistics.mean(len(window_tokens(w)[0]) for w in windows)
+    train = generate(400, seed=1)
+    tfidf = TfidfLogReg().fit([window_from_text(r.log) for r in train],
+                              [r.category for r in train])
+    batches = [int(b) for b in args.batches.split(",")]
+    rows = []
+    for name, predict in (("model", model.predict), ("tf-idf", tfidf.predict)):
+        if name == "tf-idf" and args.device == "cuda":
+            continue  # the baseline is CPU-only
+        for batch in batches:
+            row = {"classifier": name, **_time(predict, windows, batch, args.seconds)}
+            rows.append(row)
+            print(f"{name:8s} batch {batch:4d}: {row['windows_per_s']:9.1f} windows/s  "
+                  f"p50 {row['p50_ms']:8.2f} ms  p99 {row['p99_ms']:8.2f} ms")
+    result = {
+        "model_version": model.version,
+        "device": args.device + (f" ({torch.cuda.get_device_name()})"
+                                 if args.device == "cuda" else ""),
+        "torch_threads": torch.get_num_threads(),
+        "cpu": platform.processor() or platform.machine(),
+        "mean_tokens_per_window": round(tokens, 1),
+        "rows": rows,
+    }
+    out = Path(args.out) if args.out else RESULTS / (
+        "inference.json" if args.device == "cpu" else f"inference-{args.device}.json")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=2) + "\n")
+    print("\n| classifier | batch | windows/s | p50 ms | p99 ms |\n|---|---|---|---|---|")
+    for row in rows:
+        print(f"| {row['classifier']} | {row['batch']} | {row['windows_per_s']} | "
+              f"{row['p50_ms']} | {row['p99_ms']} |")
+    print(f"\nwrote {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,62 @@
+"""The classifier the pipeline calls: batching, abstention, empty windows, evidence."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from sibylla.inference import Classifier, LogWindow, ModelLoadError, load_classifier
+from sibylla.inference.checkpoint import Checkpoint
+from sibylla.inference.engine import NO_LOG, ModelClassifier
+from sibylla.inference.preprocess import window_from_text
+from tests.inference.fixtures import NCCL_LOG, OOM_LOG
+
+
+def test_load_classifier_meets_the_pipeline_contract(tiny_path: Path) -> None:
+    classifier = load_classifier(str(tiny_path), device="cpu")
+    assert isinstance(classifier, Classifier)
+    assert classifier.version.startswith("lstm-")
+    assert classifier.threshold > 0
+
+
+def test_missing_model_is_a_model_load_error(tmp_path: Path) -> None:
+    with pytest.raises(ModelLoadError):
+        load_classifier(str(tmp_path / "nope.safetensors"))
+
+
+def test_empty_window_is_unknown_with_no_confidence(tiny: Checkpoint) -> None:
+    [prediction] = ModelClassifier(tiny, device="cpu").predict([LogWindow("j", 0, tail=[])])
+    assert prediction.verdict == "unknown" and prediction.confidence == 0.0
+    assert prediction.category == NO_LOG
+
+
+def test_batching_never_changes_a_windows_prediction(tiny: Checkpoint) -> None:
+    classifier = ModelClassifier(tiny, device="cpu", batch_size=3)
+    windows = [window_from_text(log, job_id=str(i)) for i, log in enumerate(
+        [OOM_LOG, NCCL_LOG, "Killed", OOM_LOG + "\n" + NCCL_LOG * 3, "", "x\n" * 40])]
+    together = classifier.predict(windows)
+    alone = [classifier.predict([w])[0] for w in windows]
+    assert [p.verdict for p in together] == [p.verdict for p in alone]
+    assert [p.confidence for p in together] == pytest.approx([p.confidence for p in alone],
+                                                              abs=1e-4)
+
+
+def test_verdict_and_category_agree_and_threshold_abstains(tiny: Checkpoint) -> None:
+    strict = ModelClassifier(tiny, device="cpu", min_confidence=0.999999)
+    loose = strict.with_threshold(0.0)
+    window = window_from_text(OOM_LOG)
+    [abstained] = strict.predict([window])
+    [decided] = loose.predict([window])
+    assert abstained.verdict == "unknown" and decided.verdict != "unknown"
+    from sibylla.inference.taxonomy import label_of
+
+    assert label_of(decided.category) == decided.verdict
+
+
+def test_evidence_comes_from_the_log_with_secrets_redacted(tiny: Checkpoint) -> None:
+    log = OOM_LOG + "\nexport HF_TOKEN=hf_abcdefghijklmnopqrstuvwxyz0123"
+    [prediction] = ModelClassifier(tiny, device="cpu").predict([window_from_text(log)])
+    assert prediction.evidence and all(line in log or "<secret>" in line
+                                       for line in prediction.evidence)
+    assert not any("hf_abcdefghijklmnopqrstuvwxyz0123" in line for line in prediction.evidence)
