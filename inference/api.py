@@ -41,9 +41,21 @@ ERROR_START = re.compile(
 )
 
 
+# Literals at least one of which every ERROR_START match contains. Python's regex engine tries
+# each branch of ERROR_START at every position (about 40 us on a 90-character progress line);
+# a plain alternation of literals rejects the 99% of lines that open nothing in about 2 us.
+_ERROR_START_LITERALS = re.compile("|".join(map(re.escape, (
+    "Traceback", "Error", "Exception", "KeyboardInterrupt", "SystemExit", "ERROR", "FATAL",
+    "CRITICAL", "Fatal error", "Segmentation fault", "Killed", "NCCL WARN", "ncclUnhandled",
+    "CUDA error", "out of memory", "Xid", "ECC error", "error", "exited with",
+    "terminate called after throwing", "Watchdog caught collective", "Loss is", "DUE TO",
+))))
+
+
 def is_error_start(line: str) -> bool:
     """True when ``line`` opens an error report (see :data:`ERROR_START`)."""
-    return ERROR_START.search(line) is not None
+    return (_ERROR_START_LITERALS.search(line) is not None
+            and ERROR_START.search(line) is not None)
 
 
 @dataclass(frozen=True, slots=True)
