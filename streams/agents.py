@@ -45,6 +45,7 @@ from sibylla.streams.metrics import WorkerMetrics
 from sibylla.streams.policy import make_decision
 from sibylla.streams.state import WindowCache, live_items
 from sibylla.streams.window import WindowLimits
+from sibylla.streams.window_store import WindowStore
 
 __all__ = ["Pipeline"]
 
@@ -70,7 +71,8 @@ class Pipeline:
         self.metrics.set_model(classifier.version)
         self.limits = WindowLimits(s.window_max_lines, s.window_max_bytes,
                                    s.first_error_max_lines)
-        self.cache = WindowCache(topology.windows, self.limits, s.partitions)
+        self.store = WindowStore(topology.windows, topology.window_chunks, self.limits)
+        self.cache = WindowCache(self.store, s.partitions)
         self.field_map = FieldMap.parse(s.field_map)
         self.batcher: MicroBatcher[LogWindow, Prediction] = MicroBatcher(
             classifier.predict, s.batch_max_windows, s.batch_max_wait_ms / 1000.0,
@@ -135,7 +137,7 @@ class Pipeline:
 
     async def _ingest_batch(self, stream: Any, events: Sequence[Any]) -> None:
         s, m, cache = self.settings, self.metrics, self.cache
-        decided, pending, windows = self.t.decided, self.t.pending, self.t.windows
+        decided, pending = self.t.decided, self.t.pending
         partition = events[0].message.partition
         now = time.time()
         touched: dict[str, Any] = {}
@@ -172,7 +174,7 @@ class Pipeline:
         if touched:
             self._in_event(stream, events[-1])
             for key, window in touched.items():
-                windows[key] = window.to_bytes()
+                self.store.save(key, window)
         for job_id, attempt in ended:
             if attempt_key(job_id, attempt) in pending:
                 await self._request_decision(job_id, attempt)
@@ -191,8 +193,7 @@ class Pipeline:
         horizon = now - self.settings.window_ttl_s
         for key, window in self.cache.items(partition):
             if window.last_seen < horizon and key not in self.t.pending:
-                self.cache.pop(partition, key)
-                del self.t.windows[key]
+                self.store.delete(key, self.cache.pop(partition, key))
                 self.metrics.expired_windows.inc()
 
     def _expire_decisions(self, partition: int, now: float) -> None:
@@ -243,9 +244,7 @@ class Pipeline:
 
     def _release(self, partition: int, key: str) -> None:
         """A completed (or cancelled) attempt needs no verdict: free its window."""
-        self.cache.pop(partition, key)
-        if key in self.t.windows:
-            del self.t.windows[key]
+        self.store.delete(key, self.cache.pop(partition, key))
 
     async def _request_due_decisions(self) -> None:
         """Ask for the decisions whose grace period is over (also after a restart)."""

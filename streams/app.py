@@ -32,7 +32,8 @@ class Topology:
     decisions: Any
     deadletter: Any
     labels: Any
-    windows: Any  # attempt key -> TailWindow bytes
+    windows: Any  # attempt key -> window header (see window_store)
+    window_chunks: Any  # attempt key#n -> lines of chunk n
     pending: Any  # attempt key -> pending termination (JSON)
     decided: Any  # attempt key -> Decision JSON
     latest: Any  # job_id -> latest decided attempt (ASCII int)
@@ -95,6 +96,7 @@ def build_app(settings: Settings) -> Topology:
     return Topology(
         settings=settings, app=app, logs=logs, job_events=job_events,
         decide_requests=decide_requests, decisions=decisions, deadletter=deadletter,
-        labels=labels, windows=table("windows"), pending=table("pending"),
+        labels=labels, windows=table("windows"), window_chunks=table("window-chunks"),
+        pending=table("pending"),
         decided=table("decided"), latest=table("latest"),
     )

@@ -12,7 +12,8 @@ from collections.abc import Iterator
 from typing import Any
 
 from sibylla.streams.keys import partition_of, split_key
-from sibylla.streams.window import TailWindow, WindowLimits
+from sibylla.streams.window import TailWindow
+from sibylla.streams.window_store import WindowStore
 
 __all__ = ["WindowCache", "live_items"]
 
@@ -32,9 +33,8 @@ def live_items(table: Any) -> Iterator[tuple[str, bytes]]:
 class WindowCache:
     """Decoded windows by partition, loaded lazily from the durable table."""
 
-    def __init__(self, table: Any, limits: WindowLimits, partitions: int) -> None:
-        self._table = table
-        self.limits = limits
+    def __init__(self, store: WindowStore, partitions: int) -> None:
+        self.store = store
         self.partitions = partitions
         self._by_partition: dict[int, dict[str, TailWindow]] = {}
 
@@ -47,10 +47,10 @@ class WindowCache:
     def _load(self, partition: int) -> dict[str, TailWindow]:
         """Windows of ``partition`` that the table holds (after a restart or a rebalance)."""
         loaded: dict[str, TailWindow] = {}
-        for key, value in live_items(self._table):
+        for key, header in live_items(self.store.headers):
             job_id, _ = split_key(key)
             if partition_of(job_id, self.partitions) == partition:
-                loaded[key] = TailWindow.from_bytes(value, self.limits)
+                loaded[key] = self.store.load(key, header)
         return loaded
 
     def get(self, partition: int, key: str) -> TailWindow | None:
@@ -60,7 +60,7 @@ class WindowCache:
         part = self._part(partition)
         window = part.get(key)
         if window is None:
-            window = part[key] = TailWindow(self.limits)
+            window = part[key] = TailWindow(self.store.limits)
         return window
 
     def pop(self, partition: int, key: str) -> TailWindow | None:

@@ -8,7 +8,7 @@ never exceeds its limits however much the job prints:
   that opens an error report. The root cause is often printed long before a distributed job
   dies, and the tail then fills with teardown noise from the other ranks.
 
-The window serializes to a small, versioned JSON array for the changelog-backed table.
+Persisting windows (incrementally, in chunks) is :mod:`sibylla.streams.window_store`'s job.
 """
 
 from __future__ import annotations
@@ -17,13 +17,9 @@ from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-import orjson
-
 from sibylla.inference.api import LogWindow, is_error_start
 
 __all__ = ["TailWindow", "WindowLimits"]
-
-_FORMAT = 1  # bump when the serialized layout changes
 
 # States of the first error block.
 _FE_NONE, _FE_OPEN, _FE_CLOSED = 0, 1, 2
@@ -45,7 +41,7 @@ class TailWindow:
     """What is kept of one job attempt's output. Not thread-safe; owned by one agent."""
 
     __slots__ = ("limits", "tail", "tail_bytes", "first_error", "fe_state", "line_count",
-                 "last_seen", "eos", "last_offset")
+                 "last_seen", "eos", "last_offset", "saved_lines", "saved_first_chunk")
 
     def __init__(self, limits: WindowLimits) -> None:
         self.limits = limits
@@ -59,6 +55,15 @@ class TailWindow:
         # Offset of the last log record applied. A job's records all live on one partition,
         # so a replay after a crash is recognised and skipped: the window counts each line once.
         self.last_offset = -1
+        # What the window store has persisted (line_count then, first chunk kept): the next
+        # save writes only what changed since.
+        self.saved_lines = 0
+        self.saved_first_chunk = 0
+
+    @property
+    def tail_start(self) -> int:
+        """Index, among all lines the attempt printed, of the first line in the tail."""
+        return self.line_count - len(self.tail)
 
     def extend(self, lines: Iterable[str], now: float) -> None:
         """Append lines in the order printed, evicting the oldest beyond the limits."""
@@ -99,22 +104,17 @@ class TailWindow:
         """Bytes of log text held (the quantity the limits bound)."""
         return self.tail_bytes + sum(map(_size, self.first_error))
 
-    def to_bytes(self) -> bytes:
-        return orjson.dumps([_FORMAT, self.line_count, self.last_seen, self.eos, self.fe_state,
-                             self.last_offset, self.first_error, list(self.tail)])
-
     @classmethod
-    def from_bytes(cls, data: bytes, limits: WindowLimits) -> TailWindow:
-        """Rebuild a window from :meth:`to_bytes`, re-applying the current limits."""
-        fields = orjson.loads(data)
-        if fields[0] != _FORMAT:
-            raise ValueError(f"window format {fields[0]} is not {_FORMAT}")
-        _, line_count, last_seen, eos, fe_state, last_offset, first_error, tail = fields
+    def restore(cls, limits: WindowLimits, tail: list[str], first_error: list[str],
+                fe_state: int, line_count: int, last_seen: float, eos: bool,
+                last_offset: int) -> TailWindow:
+        """A window rebuilt from persisted parts, under the current limits."""
         window = cls(limits)
         window.fe_state = _FE_CLOSED  # the block is restored as saved, not re-detected
         window.extend(tail, last_seen)
         window.first_error = first_error[: limits.first_error_max_lines]
-        window.fe_state = fe_state if window.first_error or fe_state == _FE_NONE else _FE_CLOSED
+        if window.first_error or fe_state == _FE_NONE:
+            window.fe_state = fe_state
         if len(window.first_error) >= limits.first_error_max_lines:
             window.fe_state = _FE_CLOSED
         window.line_count = line_count

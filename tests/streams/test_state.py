@@ -5,24 +5,25 @@ from __future__ import annotations
 from sibylla.streams.keys import attempt_key, partition_of, split_key
 from sibylla.streams.state import WindowCache, live_items
 from sibylla.streams.window import TailWindow, WindowLimits
+from sibylla.streams.window_store import WindowStore
 
 LIMITS = WindowLimits(max_lines=10, max_bytes=1000, first_error_max_lines=3)
 PARTITIONS = 4
 
 
-def _table_with(jobs: list[str]) -> dict[bytes, object]:
-    table: dict[bytes, object] = {}
+def _store_with(jobs: list[str]) -> WindowStore:
+    store = WindowStore({}, {}, LIMITS)
     for job in jobs:
         window = TailWindow(LIMITS)
         window.extend([f"{job} line"], now=1.0)
-        table[attempt_key(job, 0).encode()] = window.to_bytes()
-    table[b"0:deleted-job"] = None  # what changelog recovery leaves for a deletion
-    return table
+        store.save(attempt_key(job, 0), window)
+    store.headers[b"0:deleted-job"] = None  # what changelog recovery leaves for a deletion
+    return store
 
 
 def test_after_a_restart_each_partition_finds_exactly_its_windows() -> None:
     jobs = [f"job-{i}" for i in range(40)]
-    cache = WindowCache(_table_with(jobs), LIMITS, PARTITIONS)
+    cache = WindowCache(_store_with(jobs), PARTITIONS)
     for job in jobs:
         window = cache.get(partition_of(job, PARTITIONS), attempt_key(job, 0))
         assert window is not None and list(window.tail) == [f"{job} line"]
@@ -30,8 +31,7 @@ def test_after_a_restart_each_partition_finds_exactly_its_windows() -> None:
 
 
 def test_a_revoked_partition_is_forgotten_and_reloaded_on_demand() -> None:
-    table = _table_with(["a", "b", "c"])
-    cache = WindowCache(table, LIMITS, PARTITIONS)
+    cache = WindowCache(_store_with(["a", "b", "c"]), PARTITIONS)
     p = partition_of("a", PARTITIONS)
     cache.get_or_create(p, attempt_key("a", 0)).extend(["more"], now=2.0)
     cache.forget(p)
@@ -40,7 +40,8 @@ def test_a_revoked_partition_is_forgotten_and_reloaded_on_demand() -> None:
 
 def test_keys_and_live_items() -> None:
     assert split_key(attempt_key("team:job#7", 3)) == ("team:job#7", 3)
-    assert dict(live_items(_table_with(["x"]))) == {"0:x": _table_with(["x"])[b"0:x"]}
+    headers = _store_with(["x"]).headers
+    assert [key for key, _ in live_items(headers)] == ["0:x"]
     assert all(0 <= partition_of(f"j{i}", 7) < 7 for i in range(100))
 
 

@@ -37,24 +37,6 @@ def test_window_stays_within_its_limits_and_keeps_the_latest_lines(limits, chunk
                    for i, line in enumerate(tail))
 
 
-@settings(max_examples=100, deadline=None)
-@given(limits=LIMITS, lines=LINES)
-def test_a_window_survives_its_changelog_round_trip(limits, lines) -> None:
-    window = TailWindow(limits)
-    window.extend(lines, now=5.0)
-    window.eos = True
-    window.last_offset = 41
-    again = TailWindow.from_bytes(window.to_bytes(), limits)
-    assert list(again.tail) == list(window.tail)
-    assert again.first_error == window.first_error
-    assert (again.line_count, again.eos, again.last_offset) == (window.line_count, True, 41)
-    # It goes on collecting as the original would.
-    window.extend(["Traceback (most recent call last):", "x"], now=6.0)
-    again.extend(["Traceback (most recent call last):", "x"], now=6.0)
-    assert list(again.tail) == list(window.tail)
-    assert again.first_error == window.first_error
-
-
 def test_the_first_error_block_survives_teardown_noise() -> None:
     limits = WindowLimits(max_lines=5, max_bytes=10_000, first_error_max_lines=3)
     window = TailWindow(limits)
