@@ -61,7 +61,7 @@ class OnlineSettings:
     gate_tolerance: float = _setting(
         0.01, "A candidate may be this much less accurate than the current model.", min=0.0)
     gate_precision_tolerance: float = _setting(
-        0.0, "Allowed drop of deterministic precision (0: must not drop).", min=0.0)
+        0.01, "Allowed drop of deterministic precision (0: none at all).", min=0.0)
     trainer_metrics_port: int = _setting(9466, "Port of the trainer's /metrics (0: none).",
                                          min=0, max=65535)
 

@@ -87,3 +87,10 @@ def test_gate_rejects_less_accuracy_on_any_part() -> None:
 def test_gate_rejects_a_drop_in_deterministic_precision() -> None:
     result = gate({"real": scores(0.90, 0.99)}, {"real": scores(0.95, 0.97)}, 0.01, 0.0)
     assert not result.promote and "precision" in result.reasons[0]
+
+
+def test_precision_is_pooled_over_parts_so_a_few_recent_verdicts_do_not_decide() -> None:
+    current = {"real": Scores(300, 0.9, 0.99, 200, 0.9), "recent": Scores(50, 0.7, 0.8, 5, 0.9)}
+    candidate = {"real": Scores(300, 0.9, 0.99, 200, 0.9),
+                 "recent": Scores(50, 0.8, 0.75, 4, 0.9)}
+    assert gate(current, candidate, 0.01, 0.005).promote

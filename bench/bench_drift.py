@@ -1,0 +1,293 @@
+"""Drift experiment: does the online-learning loop recover when new failures appear?
+
+A replayed stream of failed jobs: for the first ``--onset`` jobs, failures come from the
+categories the initial model was trained on; from then on, half of them come from four
+categories it never saw (two deterministic, two transient: a new library version, a new
+storage system). Every job is decided by the model serving at the time; jobs not stopped with
+``do_not_retry`` are retried and the retry's outcome votes (a share of those votes flipped for
+the robustness runs); votes become labels by the worker's rule; labels feed the trainer, whose
+gated candidates replace the serving model. Everything runs in-process with the real
+components (votes, Trainer, fine-tune, gate): no broker.
+
+Scenarios: ``frozen`` (no learning), ``online`` (clean outcome votes), ``online-10%`` and
+``online-30%`` (that share of outcome votes wrong), ``adversarial`` (clean, plus a burst of
+operator labels, all wrong, right after the drift: the gate must reject what it produces).
+
+    python bench/bench_drift.py            # about 4 minutes on two CPU cores
+
+writes ``docs/img/drift_accuracy.png``, ``bench/results/drift.md`` and ``bench/results/
+drift.json``, and prints the table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import random
+import tempfile
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from sibylla.inference.checkpoint import Checkpoint
+from sibylla.inference.corpus import REAL_FILES, Record, load_records, packaged_path
+from sibylla.inference.preprocess import window_from_text
+from sibylla.inference.synthetic import generate
+from sibylla.inference.taxonomy import CATEGORIES
+from sibylla.inference.train import TrainConfig, examples_from_records, train_model
+from sibylla.online_learning.settings import OnlineSettings
+from sibylla.online_learning.store import ModelStore
+from sibylla.online_learning.trainer import Trainer
+from sibylla.online_learning.votes import (
+    VoteRule,
+    committee_votes,
+    operator_vote,
+    outcome_vote,
+    tally,
+)
+from sibylla.schemas.records import Label, Vote
+
+log = logging.getLogger("bench_drift")
+
+ROOT = Path(__file__).resolve().parent.parent
+DRIFT = ("numerical_error", "framework_api_misuse", "filesystem_io_error",
+         "remote_service_error")
+KNOWN = tuple(c for c in CATEGORIES if c not in DRIFT)
+BASE_CONFIG = TrainConfig(seed=11, synthetic=0, real_files=(), epochs=10, embed_dim=32,
+                          hidden_dim=32, real_copies=0, max_tokens=256, min_count=2, lr=1e-2)
+ONLINE = OnlineSettings(finetune_every=150, drift_min_labels=60, drift_threshold=0.3,
+                        drift_window=150, replay_size=1000, replay_ratio=1.0, holdout_every=5,
+                        finetune_epochs=3, finetune_lr=3e-3, gate_tolerance=0.02,
+                        gate_precision_tolerance=0.01)
+SERVE_BATCH = 50  # jobs decided by one model before the trainer may swap it
+
+
+@dataclass(frozen=True)
+class Scenario:
+    name: str
+    learn: bool
+    explore: float = 0.0  # share of do_not_retry decisions retried anyway (for their outcome)
+    wrong_outcomes: float = 0.0
+    adversarial: int = 0  # operator labels, all wrong, right after the drift onset
+
+
+@dataclass
+class Result:
+    scenario: Scenario
+    right: list[bool] = field(default_factory=list)  # per job: the served verdict was right
+    det_right: list[tuple[int, bool]] = field(default_factory=list)  # (job, truly det) per DNR
+    events: list[dict[str, Any]] = field(default_factory=list)  # every candidate
+    labels: int = 0
+    wrong_labels: int = 0
+    explored: int = 0  # do_not_retry decisions retried anyway
+    explored_wasted: int = 0  # ... of jobs truly deterministic (the retry failed again)
+
+
+def base_model(n: int) -> tuple[Checkpoint, list[Record]]:
+    records = generate(n, seed=BASE_CONFIG.seed, categories=KNOWN)
+    t0 = time.monotonic()
+    checkpoint = train_model(examples_from_records(records), BASE_CONFIG)
+    log.info("initial model %s trained in %.0f s on %d logs of %d categories",
+             checkpoint.meta["version"], time.monotonic() - t0, n, len(KNOWN))
+    return checkpoint, records
+
+
+def stream(n: int, onset: int, seed: int) -> list[Record]:
+    """``n`` failed jobs; after ``onset``, half of them from the drift categories."""
+    rng = random.Random(seed)
+    known = generate(n, seed=seed + 1, categories=KNOWN)
+    drifted = generate(n, seed=seed + 2, categories=DRIFT)
+    return [drifted[i] if i >= onset and rng.random() < 0.5 else known[i] for i in range(n)]
+
+
+def run(scenario: Scenario, base: Checkpoint, jobs: list[Record], onset: int,
+        validation: list[Record], seed_examples: list[Record], seed: int) -> Result:
+    rng = random.Random(seed)
+    rule = VoteRule()
+    result = Result(scenario)
+    with tempfile.TemporaryDirectory() as tmp:
+        trainer = Trainer(ONLINE, ModelStore(tmp), base, examples_from_records(validation),
+                          examples_from_records(seed_examples), seed=seed)
+        serving = trainer.classifier
+        for start in range(0, len(jobs), SERVE_BATCH):
+            part = jobs[start : start + SERVE_BATCH]
+            predictions = serving.predict([window_from_text(r.log) for r in part])
+            for i, (record, p) in enumerate(zip(part, predictions, strict=True), start):
+                result.right.append(p.verdict == record.label)
+                if p.verdict == "deterministic":
+                    result.det_right.append((i, record.label == "deterministic"))
+                votes = committee_votes({"primary": p}, rule)
+                retried = p.verdict != "deterministic"
+                if not retried and scenario.learn and rng.random() < scenario.explore:
+                    retried = True
+                    result.explored += 1
+                    result.explored_wasted += record.label == "deterministic"
+                if retried:  # the outcome votes
+                    outcome = outcome_vote("sig", record.label == "nondeterministic",
+                                           "sig", rule)
+                    if outcome is not None and rng.random() < scenario.wrong_outcomes:
+                        outcome = Vote(outcome.source, _flip(outcome.label), outcome.weight)
+                    votes += [outcome] if outcome is not None else []
+                label = tally(votes, rule)
+                if label is not None and scenario.learn:
+                    result.labels += 1
+                    result.wrong_labels += label != record.label
+                    trainer.add_label(Label(f"job{i}", 0, label, votes, record.log,
+                                            p.category, float(i + 1)))
+            if scenario.adversarial and start <= onset < start + SERVE_BATCH:
+                _burst(trainer, jobs[onset - scenario.adversarial : onset], onset, rule)
+            while scenario.learn and (trigger := trainer.due()) is not None:
+                report = trainer.step(trigger)
+                result.events.append({
+                    "job": start + len(part), "trigger": trigger,
+                    "promoted": report.result.promote, "reasons": report.result.reasons,
+                    "version": report.version, "n_new": report.n_new,
+                    "current": {k: v.to_dict() for k, v in report.current.items()},
+                    "candidate": {k: v.to_dict() for k, v in report.candidate.items()}})
+                serving = trainer.classifier
+    return result
+
+
+def _flip(label: str) -> Any:
+    return "nondeterministic" if label == "deterministic" else "deterministic"
+
+
+def _burst(trainer: Trainer, jobs: list[Record], at: int, rule: VoteRule) -> None:
+    """An operator (or an attacker with the operator's access) labels jobs, all wrongly."""
+    for k, record in enumerate(jobs):
+        vote = operator_vote(_flip(record.label), rule)
+        trainer.add_label(Label(f"adv{k}", 0, vote.label, [vote], record.log, "",
+                                float(at) + k / len(jobs)))
+
+
+# ---------------------------------------------------------------------- report
+def windows(right: list[bool], width: int) -> list[float]:
+    return [sum(right[i : i + width]) / len(right[i : i + width])
+            for i in range(0, len(right), width)]
+
+
+def summary(result: Result, onset: int, width: int, target: float) -> dict[str, Any]:
+    acc = windows(result.right, width)
+    before = sum(result.right[:onset]) / onset
+    after = result.right[onset:]
+    recovered = next((i * width - onset for i, a in enumerate(acc)
+                      if i * width >= onset and a >= target), None)
+    post = [ok for job, ok in result.det_right if job >= onset]
+    return {
+        "scenario": result.scenario.name,
+        "before": round(before, 3),
+        "drift_first": round(sum(after[: 5 * width]) / len(after[: 5 * width]), 3),
+        "final": round(sum(after[-5 * width :]) / len(after[-5 * width :]), 3),
+        "recover_jobs": recovered,
+        "det_precision_after": round(sum(post) / len(post), 3) if post else None,
+        "labels": result.labels,
+        "wrong_labels": result.wrong_labels,
+        "promoted": sum(e["promoted"] for e in result.events),
+        "rejected": sum(not e["promoted"] for e in result.events),
+        "explored": result.explored,
+        "explored_wasted": result.explored_wasted,
+    }
+
+
+def table(rows: list[dict[str, Any]], target: float, width: int) -> str:
+    head = ("| scenario | accuracy before drift | first 500 jobs after | last 500 jobs | "
+            f"jobs to recover (window of {width} ≥ {target:.2f}) | deterministic precision "
+            "after drift | labels (wrong) | candidates promoted / rejected |")
+    head += " do_not_retry retried to learn (of them deterministic) |"
+    lines = [head, "|" + "---|" * 9]
+    for r in rows:
+        recover = "never" if r["recover_jobs"] is None else str(r["recover_jobs"])
+        lines.append(f"| {r['scenario']} | {r['before']:.3f} | {r['drift_first']:.3f} | "
+                     f"{r['final']:.3f} | {recover} | {r['det_precision_after']} | "
+                     f"{r['labels']} ({r['wrong_labels']}) | {r['promoted']} / "
+                     f"{r['rejected']} | {r['explored']} ({r['explored_wasted']}) |")
+    return "\n".join(lines)
+
+
+def plot(results: list[Result], onset: int, width: int, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(9, 4.8))
+    for result in results:
+        acc = windows(result.right, width)
+        xs = [i * width + width / 2 for i in range(len(acc))]
+        frozen = not result.scenario.learn
+        (line,) = ax.plot(xs, acc, marker=".", label=result.scenario.name,
+                          color="black" if frozen else None, linewidth=2.5 if frozen else 1.2,
+                          zorder=3 if frozen else 2)
+        for e in result.events:
+            ax.axvline(e["job"], color=line.get_color(), alpha=0.25,
+                       linestyle="-" if e["promoted"] else ":")
+    ax.axvline(onset, color="black", linestyle="--", label="new failure categories appear")
+    ax.set_xlabel("failed jobs seen")
+    ax.set_ylabel(f"accuracy of served verdicts (windows of {width}; unknown counts wrong)")
+    ax.set_ylim(0, 1)
+    ax.set_title("Drift: accuracy over time with and without online learning\n"
+                 "(thin lines: candidates, solid promoted, dotted rejected by the gate)")
+    ax.legend(loc="lower left", fontsize=8)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--jobs", type=int, default=2000)
+    parser.add_argument("--onset", type=int, default=500)
+    parser.add_argument("--base-logs", type=int, default=2000)
+    parser.add_argument("--window", type=int, default=100)
+    parser.add_argument("--validation-logs", type=int, default=300)
+    parser.add_argument("--explore", type=float, default=0.1,
+                        help="share of do_not_retry decisions retried to learn their outcome")
+    parser.add_argument("--seed", type=int, default=5)
+    parser.add_argument("--figure", type=Path, default=ROOT / "docs/img/drift_accuracy.png")
+    parser.add_argument("--results", type=Path, default=ROOT / "bench/results")
+    args = parser.parse_args()
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
+    torch.set_num_threads(1)
+    t0 = time.monotonic()
+    base, base_records = base_model(args.base_logs)
+    jobs = stream(args.jobs, args.onset, args.seed)
+    # The gate's "real" part: the held-out real logs (46) plus generated logs of the known
+    # categories from another seed, so that forgetting is measured on more than 46 logs.
+    validation = (load_records(packaged_path(REAL_FILES[1]))
+                  + generate(args.validation_logs, seed=args.seed + 3, categories=KNOWN))
+    seed_examples = random.Random(args.seed).sample(base_records, 600)
+    e = args.explore
+    scenarios = [Scenario("frozen", learn=False),
+                 Scenario("online, no exploration", learn=True),
+                 Scenario(f"online, explore {e:.0%}", learn=True, explore=e),
+                 Scenario("10% wrong outcomes", learn=True, explore=e, wrong_outcomes=0.1),
+                 Scenario("30% wrong outcomes", learn=True, explore=e, wrong_outcomes=0.3),
+                 Scenario("adversarial operator burst", learn=True, explore=e,
+                          adversarial=ONLINE.finetune_every)]
+    results = []
+    for scenario in scenarios:
+        t = time.monotonic()
+        results.append(run(scenario, base, jobs, args.onset, validation, seed_examples,
+                           args.seed))
+        log.info("%s done in %.0f s", scenario.name, time.monotonic() - t)
+    target = sum(results[0].right[: args.onset]) / args.onset - 0.05
+    rows = [summary(r, args.onset, args.window, target) for r in results]
+    text = table(rows, target, args.window)
+    plot(results, args.onset, args.window, args.figure)
+    args.results.mkdir(parents=True, exist_ok=True)
+    (args.results / "drift.md").write_text(text + "\n")
+    (args.results / "drift.json").write_text(json.dumps(
+        {"args": {k: str(v) for k, v in vars(args).items()}, "online": asdict(ONLINE),
+         "rows": rows, "events": {r.scenario.name: r.events for r in results}},
+        indent=1, default=str))
+    print(text)
+    print(f"\n{time.monotonic() - t0:.0f} s in all; figure {args.figure}")
+
+
+if __name__ == "__main__":
+    main()
