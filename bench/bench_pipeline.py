@@ -44,6 +44,7 @@ from common import (
     batch_record,
     line_record,
     produce_partitioned,
+    topic_records,
 )
 
 from sibylla.brokers.launchers import apache_kafka, tansu
@@ -62,6 +63,12 @@ PHASES = {
     "decisions": "(d) spawn to first decision, then (b) event-to-decision latency",
     "memory": "(c) peak RSS with 10,000 job windows",
 }
+
+# Worker counters recorded at the end of the decisions phase, to tell a slow worker from a
+# lost decision.
+WORKER_COUNTERS = ("sibylla_log_lines_ingested_total", "sibylla_job_events_total",
+                   "sibylla_decisions_total", "sibylla_dead_letters_total",
+                   "sibylla_inference_batch_size_count", "sibylla_inference_batch_size_sum")
 
 TARGETS = {
     "batched_lines_per_s": 200_000,
@@ -177,9 +184,14 @@ class Bench:
         bare = asyncio.run(bare_consume(settings, topic, lines, timeout_s=120))
         with self.worker(settings) as worker:
             measured = poll_ingest(worker, lines, timeout_s=180)
+        # Window writes to the changelog: each is a whole serialized window, so records per
+        # ingested message tell how much the worker writes for what it reads.
+        changelog = asyncio.run(topic_records(settings, f"{settings.group_id}-windows-changelog"))
         out = {"messages": messages, "lines": lines, "produce_s": round(produce_s, 2),
                "bare": rounded(bare), "worker": rounded(measured),
-               "ratio": round(measured["lines_per_s"] / bare["lines_per_s"], 3)}
+               "ratio": round(measured["lines_per_s"] / bare["lines_per_s"], 3),
+               "window_changelog_records": changelog,
+               "window_changelog_records_per_message": round(changelog / messages, 3)}
         print(f"  {kind}: worker {measured['lines_per_s']:,.0f} lines/s, bare "
               f"{bare['lines_per_s']:,.0f} lines/s, ratio {out['ratio']:.2f}", flush=True)
         return out
@@ -230,6 +242,7 @@ class Bench:
             while len(sent.keys() - received.keys()) and time.monotonic() < deadline:
                 worker.check_alive()
                 await asyncio.sleep(0.05)
+            counters = {k: v for k, v in worker.metrics().items() if k in WORKER_COUNTERS}
         finally:
             follower.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -243,6 +256,8 @@ class Bench:
             "decided": len(observed), "missing": total - len(observed),
             "event_to_decision_ms": percentiles(observed),
             "decision_latency_ms_field": percentiles(reported),
+            "missing_job_ids": sorted(sent.keys() - received.keys())[:20],
+            "worker_counters_at_end": counters,
         }
         lat = out["event_to_decision_ms"]
         print(f"  {total} failures at {out['achieved_rate_per_s']}/s: p50 {lat['p50']} ms, "
@@ -368,26 +383,38 @@ async def follow(settings: Settings, received: dict[str, tuple[float, float]]) -
         await consumer.stop()
 
 
-def poll_ingest(worker: Worker, lines: int, timeout_s: float) -> dict[str, float]:
+def poll_ingest(worker: Worker, lines: int, timeout_s: float, stall_s: float = 15.0
+                ) -> dict[str, float]:
     """Lines/s from the worker's ``sibylla_log_lines_ingested_total``, from its first non-zero
-    reading (start-up and group join excluded) to the reading that reaches ``lines``."""
+    reading (start-up and group join excluded) to the reading that reaches ``lines``.
+
+    A count that stops short of ``lines`` for ``stall_s`` means records were lost: the rate
+    is then taken up to the last change and ``missing_lines`` says how many never arrived.
+    """
     deadline = time.monotonic() + timeout_s
     first_t = first_n = None
-    count = 0.0
+    count = last_count = 0.0
+    started_s = 0.0
+    changed_t = time.perf_counter()
     while count < lines:
         worker.check_alive()
-        if time.monotonic() > deadline:
-            raise RuntimeError(f"worker ingested {count:.0f} of {lines} lines in {timeout_s} s")
+        if time.monotonic() > deadline and first_t is None:
+            raise RuntimeError(f"worker ingested nothing in {timeout_s} s")
         count = worker.metrics().get("sibylla_log_lines_ingested_total", 0.0)
         now = time.perf_counter()
+        if count != last_count:
+            last_count, changed_t = count, now
         if first_t is None and count:
             first_t, first_n = now, count
             started_s = time.time() - worker.spawned_at
+        if first_t is not None and (now - changed_t > stall_s or time.monotonic() > deadline):
+            now = changed_t
+            break
         time.sleep(0.02)
     assert first_t is not None and first_n is not None
     seconds = now - first_t
-    return {"lines": count, "seconds": seconds, "first_reading": first_n,
-            "first_reading_after_spawn_s": started_s,
+    return {"lines": count, "missing_lines": max(0.0, lines - count), "seconds": seconds,
+            "first_reading": first_n, "first_reading_after_spawn_s": started_s,
             "lines_per_s": (count - first_n) / max(seconds, 1e-9)}
 
 
@@ -543,7 +570,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     }
     report["targets"] = verdicts(results)
     RESULTS.mkdir(parents=True, exist_ok=True)
-    out = RESULTS / f"pipeline-{args.broker}{'-quick' if args.quick else ''}.json"
+    name = f"pipeline-{args.broker}" + ("-quick" if args.quick else "")
+    if args.store != "rocksdb":
+        name += f"-{args.store}-store"
+    if set(phases) != PHASES.keys():
+        name += "-" + "-".join(phases)
+    out = RESULTS / f"{name}.json"
     out.write_bytes(orjson.dumps(report, option=orjson.OPT_INDENT_2) + b"\n")
     print_table(report)
     print(f"results: {out.relative_to(ROOT)}")

@@ -34,6 +34,7 @@ __all__ = [
     "batch_record",
     "line_record",
     "produce_partitioned",
+    "topic_records",
 ]
 
 # ----------------------------------------------------------------------------- synthetic logs
@@ -217,6 +218,23 @@ async def bare_consume(settings: Settings, topic: str, expected_lines: int,
         raise RuntimeError(f"bare consumer read {lines} of {expected_lines} lines")
     return {"lines": lines, "seconds": end - first_t,
             "lines_per_s": (lines - first_n) / max(end - first_t, 1e-9)}
+
+
+async def topic_records(settings: Settings, topic: str) -> int:
+    """Records a topic holds (sum of its partitions' end offsets; nothing is compacted or
+    deleted during a benchmark)."""
+    consumer = AIOKafkaConsumer(bootstrap_servers=settings.bootstrap_servers,
+                                enable_auto_commit=False, **settings.kafka_client_options())
+    await consumer.start()
+    try:
+        partitions = consumer.partitions_for_topic(topic)
+        if not partitions:
+            await consumer._client.force_metadata_update()
+            partitions = consumer.partitions_for_topic(topic) or set()
+        ends = await consumer.end_offsets([TopicPartition(topic, p) for p in partitions])
+        return sum(ends.values())
+    finally:
+        await consumer.stop()
 
 
 # ----------------------------------------------------------------------------- the worker
