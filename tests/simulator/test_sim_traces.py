@@ -98,7 +98,8 @@ def test_same_seed_same_trace_and_sizes_come_from_the_mix():
 
 def test_synthetic_trace_lands_in_the_published_failure_ranges():
     # Published Philly replay: deterministic failures were 5-23% of jobs, 12-20% of GPU-hours.
-    jobs = generate(20_000, seed=11)
+    # At the documented size: smaller traces swing more, a few very long jobs dominating.
+    jobs = generate(100_000, seed=0)
     result = simulate(jobs, FixedRetries(3), servers_for_load(jobs, 8, 0.7))
     job_share, gpu_share = deterministic_shares(result)
     assert 0.05 <= job_share <= 0.23
