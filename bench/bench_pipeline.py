@@ -190,10 +190,16 @@ class Bench:
         out = {"messages": messages, "lines": lines, "produce_s": round(produce_s, 2),
                "bare": rounded(bare), "worker": rounded(measured),
                "ratio": round(measured["lines_per_s"] / bare["lines_per_s"], 3),
+               # The same ratio in CPU time per line: what it would be if both had a core to
+               # themselves, whatever else loads the machine.
+               "cpu_ratio": round(bare["cpu_us_per_line"]
+                                  / max(measured["worker_cpu_us_per_line"], 1e-9), 3),
                "window_changelog_records": changelog,
                "window_changelog_records_per_message": round(changelog / messages, 3)}
         print(f"  {kind}: worker {measured['lines_per_s']:,.0f} lines/s, bare "
-              f"{bare['lines_per_s']:,.0f} lines/s, ratio {out['ratio']:.2f}", flush=True)
+              f"{bare['lines_per_s']:,.0f} lines/s, ratio {out['ratio']:.2f}; CPU per line "
+              f"{measured['worker_cpu_us_per_line']:.1f} µs vs {bare['cpu_us_per_line']:.1f} µs"
+              f" (worker used {measured['worker_cpu_share']:.0%} of a core)", flush=True)
         return out
 
     # ------------------------------------------------------------------------- (b) + (d)
@@ -394,7 +400,7 @@ def poll_ingest(worker: Worker, lines: int, timeout_s: float, stall_s: float = 1
     deadline = time.monotonic() + timeout_s
     first_t = first_n = None
     count = last_count = 0.0
-    started_s = 0.0
+    started_s = first_cpu = 0.0
     changed_t = time.perf_counter()
     while count < lines:
         worker.check_alive()
@@ -405,17 +411,21 @@ def poll_ingest(worker: Worker, lines: int, timeout_s: float, stall_s: float = 1
         if count != last_count:
             last_count, changed_t = count, now
         if first_t is None and count:
-            first_t, first_n = now, count
+            first_t, first_n, first_cpu = now, count, worker.cpu_s()
             started_s = time.time() - worker.spawned_at
         if first_t is not None and (now - changed_t > stall_s or time.monotonic() > deadline):
             now = changed_t
             break
         time.sleep(0.02)
     assert first_t is not None and first_n is not None
+    cpu = worker.cpu_s() - first_cpu
     seconds = now - first_t
+    # CPU per line tells a busy worker from a waiting one (a broker, a timer, a stall).
     return {"lines": count, "missing_lines": max(0.0, lines - count), "seconds": seconds,
             "first_reading": first_n, "first_reading_after_spawn_s": started_s,
-            "lines_per_s": (count - first_n) / max(seconds, 1e-9)}
+            "lines_per_s": (count - first_n) / max(seconds, 1e-9),
+            "worker_cpu_s": cpu, "worker_cpu_share": cpu / max(seconds, 1e-9),
+            "worker_cpu_us_per_line": cpu / max(count - first_n, 1) * 1e6}
 
 
 def percentiles(values: list[float]) -> dict[str, float]:
@@ -488,7 +498,11 @@ def print_table(report: dict[str, Any]) -> None:
             continue
         rows += [(f"{kind} ingest (lines/s)", f"{a['worker']['lines_per_s']:,.0f}",
                   f"bare aiokafka {a['bare']['lines_per_s']:,.0f}"),
-                 (f"{kind} ratio to bare", f"{a['ratio']:.2f}", "")]
+                 (f"{kind} ratio to bare", f"{a['ratio']:.2f}",
+                  f"in CPU per line {a['cpu_ratio']:.2f} "
+                  f"({a['worker']['worker_cpu_us_per_line']:.1f} vs "
+                  f"{a['bare']['cpu_us_per_line']:.1f} µs; worker had "
+                  f"{a['worker']['worker_cpu_share']:.0%} of a core)")]
     d = r.get("decisions")
     if d is not None and "error" in d:
         rows.append(("decisions", "FAILED", d["error"].splitlines()[0][:80]))

@@ -200,6 +200,7 @@ async def bare_consume(settings: Settings, topic: str, expected_lines: int,
         await consumer.seek_to_beginning(*tps)
         deadline = time.monotonic() + timeout_s
         first_t = first_n = None
+        first_cpu = 0.0
         lines = 0
         loads = orjson.loads
         while lines < expected_lines and time.monotonic() < deadline:
@@ -210,14 +211,17 @@ async def bare_consume(settings: Settings, topic: str, expected_lines: int,
                     batch_lines = value.get("lines")
                     lines += 1 if batch_lines is None else len(batch_lines)
             if first_t is None and lines:
-                first_t, first_n = time.perf_counter(), lines
-        end = time.perf_counter()
+                first_t, first_n, first_cpu = time.perf_counter(), lines, time.process_time()
+        end, cpu = time.perf_counter(), time.process_time()
     finally:
         await consumer.stop()
     if first_t is None or first_n is None or lines < expected_lines:
         raise RuntimeError(f"bare consumer read {lines} of {expected_lines} lines")
+    # This process does nothing else meanwhile, so its CPU time is the loop's.
     return {"lines": lines, "seconds": end - first_t,
-            "lines_per_s": (lines - first_n) / max(end - first_t, 1e-9)}
+            "lines_per_s": (lines - first_n) / max(end - first_t, 1e-9),
+            "cpu_s": cpu - first_cpu, "cpu_share": (cpu - first_cpu) / max(end - first_t, 1e-9),
+            "cpu_us_per_line": (cpu - first_cpu) / max(lines - first_n, 1) * 1e6}
 
 
 async def topic_records(settings: Settings, topic: str) -> int:
@@ -287,6 +291,13 @@ class Worker:
             if match:
                 out[match[1]] = out.get(match[1], 0.0) + float(match[3])
         return out
+
+    def cpu_s(self) -> float:
+        """CPU seconds (user + system, all threads) the worker has used so far."""
+        assert self.proc is not None
+        stat = Path(f"/proc/{self.proc.pid}/stat").read_text()
+        fields = stat[stat.rindex(")") + 2:].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
     def memory_kib(self) -> dict[str, int]:
         """VmHWM (peak resident set) and VmRSS of the worker process, in KiB."""
