@@ -62,14 +62,14 @@ def evaluate_file(model: ModelClassifier, records: Sequence[Record],
     tfidf = TfidfLogReg().fit([window_from_text(r.log) for r in train_records],
                               [r.category for r in train_records])
     rows = {
-        f"model ({model.version})": evaluate_classifier(model, records),
+        "model": evaluate_classifier(model, records),
         "model, no abstention": evaluate_classifier(model.with_threshold(0.0), records),
         "regex rules": evaluate_classifier(RegexRules(), records),
         "tf-idf + logistic regression": evaluate_classifier(tfidf, records),
         "always retry": evaluate_classifier(ConstantVerdict("nondeterministic"), records),
         "never retry": evaluate_classifier(ConstantVerdict("deterministic"), records),
     }
-    headline = rows[f"model ({model.version})"]
+    headline = rows["model"]
     return {**{k: headline[k] for k in TABLE_KEYS}, "model_version": model.version,
             "threshold": model.threshold, "n": len(records), "overlap_with_training": overlap,
             "model": headline, "rows": rows}

@@ -56,7 +56,7 @@ def leave_one_framework_out(config: TrainConfig, families: Sequence[str] = tuple
 
 def format_folds(folds: dict[str, Any]) -> str:
     """One Markdown table: per family, macro-F1 / deterministic precision / abstention."""
-    names = ["model", *list(next(iter(folds.values()))["rows"])[1:]]
+    names = list(next(iter(folds.values()))["rows"])
     lines = ["| held-out family | n | " + " | ".join(names) + " |",
              "|---|---|" + "---|" * len(names)]
     for family, fold in folds.items():

@@ -1,5 +1,7 @@
 """The error messages the generator draws from, per taxonomy category.
 
+The deterministic categories are here, the nondeterministic ones in :mod:`.synthetic_transient`.
+
 Each entry is a template: ``{name}`` fields are filled by :mod:`.synthetic` with varied values
 (paths, hosts, sizes, ranks...). An entry that starts with ``!`` is printed as is (launcher and
 driver lines, NCCL banners); any other entry is a Python exception, printed after a traceback.
@@ -9,9 +11,11 @@ one phrasing learns that phrasing, not the cause.
 
 from __future__ import annotations
 
+from .synthetic_transient import TRANSIENT_MESSAGES
+
 __all__ = ["MESSAGES"]
 
-MESSAGES: dict[str, list[str]] = {
+_DETERMINISTIC: dict[str, list[str]] = {
     "syntax_error": [
         "SyntaxError: invalid syntax",
         "SyntaxError: invalid syntax. Perhaps you forgot a comma?",
@@ -31,6 +35,14 @@ MESSAGES: dict[str, list[str]] = {
         "SyntaxError: non-default argument follows default argument",
     ],
     "python_runtime_error": [
+        "!{path}/Loss.cu:{line}: nll_loss_forward_reduce_cuda_kernel_2d: block: [0,0,0], thread:"
+        " [{small},0,0] Assertion `t >= 0 && t < n_classes` failed.\nRuntimeError: CUDA error:"
+        " device-side assert triggered\nCompile with `TORCH_USE_CUDA_DSA` to enable device-side"
+        " assertions.",
+        "RuntimeError: Caught ValueError in DataLoader worker process 0.",
+        "AttributeError: '{cls}' object has no attribute '{var}'. Did you mean: '{var2}'?",
+        "TypeError: forward() takes 2 positional arguments but 3 were given",
+        "NotImplementedError: Module [{cls}] is missing the required \"forward\" function",
         "NameError: name '{var}' is not defined",
         "NameError: name '{var}' is not defined. Did you mean: '{var2}'?",
         "AttributeError: '{cls}' object has no attribute '{var}'",
@@ -101,6 +113,8 @@ MESSAGES: dict[str, list[str]] = {
         " error (look up to see its traceback):",
     ],
     "shape_dtype_device_mismatch": [
+        "ValueError: operands could not be broadcast together with shapes ({dim},{dim2}) ({dim2},)",
+        "TypeError: add got incompatible shapes for broadcasting: ({dim}, {dim2}), ({n}, {dim2}).",
         "RuntimeError: mat1 and mat2 shapes cannot be multiplied ({n}x{dim} and {dim2}x{n2})",
         "RuntimeError: The size of tensor a ({dim}) must match the size of tensor b ({dim2}) at"
         " non-singleton dimension {small}",
@@ -138,6 +152,12 @@ MESSAGES: dict[str, list[str]] = {
         " (torch.Size([{dim}, {small}]))",
     ],
     "config_error": [
+        "RuntimeError: CUDA error: invalid device ordinal",
+        "ValueError: Error initializing torch.distributed using env:// rendezvous: environment"
+        " variable RANK expected, but not set",
+        "ValueError: {var} must be divisible by tensor_model_parallel_size ({small})",
+        "absl.flags._exceptions.IllegalFlagValueError: flag --{var}={var2}: invalid value",
+        "AssertionError: micro_batch_size * data_parallel_size must divide global_batch_size",
         "!{script}: error: unrecognized arguments: --{var} {n}",
         "!{script}: error: the following arguments are required: --{var}",
         "!{script}: error: argument --{var}: invalid int value: '{var2}'",
@@ -169,6 +189,9 @@ MESSAGES: dict[str, list[str]] = {
         " {n} != {small} * 1 * {small}",
     ],
     "missing_file_or_permission": [
+        "FileNotFoundError: Unable to find '{path}/{file}'",
+        "OSError: {var}/{var2} is not a local folder and is not a valid model identifier listed on"
+        " 'https://huggingface.co/models'",
         "FileNotFoundError: [Errno 2] No such file or directory: '{path}/{file}'",
         "PermissionError: [Errno 13] Permission denied: '{path}/{file}'",
         "IsADirectoryError: [Errno 21] Is a directory: '{path}'",
@@ -192,6 +215,10 @@ MESSAGES: dict[str, list[str]] = {
         "FileNotFoundError: [WinError 3] The system cannot find the path specified: '{path}'",
     ],
     "gpu_out_of_memory": [
+        "!{host}:{pid}:{pid} [{rank}] NCCL WARN Cuda failure 'out of memory'",
+        "jaxlib.xla_extension.XlaRuntimeError: RESOURCE_EXHAUSTED: Attempting to reserve {gib2}G at"
+        " the bottom of memory. That was not possible. There are {gib}G free.",
+        "RuntimeError: cuDNN error: CUDNN_STATUS_NOT_ENOUGH_WORKSPACE",
         "torch.cuda.OutOfMemoryError: CUDA out of memory. Tried to allocate {mem} MiB (GPU"
         " {small}; {gib} GiB total capacity; {gib2} GiB already allocated; {mem2} MiB free;"
         " {gib2} GiB reserved in total by PyTorch) If reserved memory is >> allocated memory try"
@@ -220,6 +247,15 @@ MESSAGES: dict[str, list[str]] = {
         " {small} has a total capacty of {gib} GiB of which {mem2} MiB is free.",
     ],
     "framework_api_misuse": [
+        "RuntimeError: NCCL error in: {path}/ProcessGroupNCCL.cpp:{line}, invalid usage, NCCL"
+        " version 2.{small}.8\nncclInvalidUsage: This usually reflects invalid usage of NCCL"
+        " library.",
+        "RuntimeError: Detected mismatch between collectives on ranks. Rank 0 is running"
+        " collective: CollectiveFingerPrint(OpType=ALLREDUCE), but Rank 1 is running collective:"
+        " CollectiveFingerPrint(OpType=BROADCAST).",
+        "RuntimeError: Tensors must be CUDA and dense",
+        "ValueError: Your setup doesn't support bf16/gpu. You need torch>=1.10, using Ampere GPU"
+        " with cuda>=11.0",
         "RuntimeError: element 0 of tensors does not require grad and does not have a grad_fn",
         "RuntimeError: Trying to backward through the graph a second time (or directly access"
         " saved tensors after they have already been freed). Saved intermediate values of the"
@@ -263,6 +299,8 @@ MESSAGES: dict[str, list[str]] = {
         "RuntimeError: You must call `accelerator.prepare` on the model before training",
     ],
     "numerical_error": [
+        "!WARNING: non-finite loss, ending training",
+        "RuntimeError: Rank {rank}: loss is NaN at iteration {n2}",
         "ValueError: loss is nan",
         "AssertionError: loss is NaN",
         "RuntimeError: Function 'LogSoftmaxBackward0' returned nan values in its 0th output.",
@@ -283,210 +321,6 @@ MESSAGES: dict[str, list[str]] = {
         "RuntimeError: Loss diverged: loss={n}e+{small} at step {n2}",
         "AssertionError: Non-finite loss detected: inf",
     ],
-    "collective_timeout": [
-        "![E ProcessGroupNCCL.cpp:{line}] [Rank {rank}] Watchdog caught collective operation"
-        " timeout: WorkNCCL(SeqNum={n}, OpType={op}, Timeout(ms)={timeout}) ran for {n2}"
-        " milliseconds before timing out.",
-        "![rank{rank}]:[E{mmdd} {hms} ProcessGroupNCCL.cpp:{line}] [Rank {rank}] Watchdog caught"
-        " collective operation timeout: WorkNCCL(SeqNum={n}, OpType={op}, NumelIn={n2},"
-        " NumelOut={n2}, Timeout(ms)={timeout}) ran for {n} milliseconds before timing out.",
-        "![E ProcessGroupNCCL.cpp:{line}] Some NCCL operations have failed or timed out. Due to"
-        " the asynchronous nature of CUDA kernels, subsequent GPU operations might run on"
-        " corrupted/incomplete data.\n[E ProcessGroupNCCL.cpp:{line}] To avoid data"
-        " inconsistency, we are taking the entire process down.",
-        "!terminate called after throwing an instance of 'std::runtime_error'\n  what():  [Rank"
-        " {rank}] Watchdog caught collective operation timeout: WorkNCCL(OpType={op},"
-        " Timeout(ms)={timeout}) ran for {n} milliseconds before timing out.",
-        "![rank{rank}]:[E{mmdd} {hms} ProcessGroupNCCL.cpp:{line}] [PG 0 Rank {rank}] Timeout at"
-        " NCCL work: {small}, last enqueued NCCL work: {small}, last completed NCCL work: 1.",
-        "RuntimeError: [{path}/gloo/transport/tcp/unbound_buffer.cc:81] Timed out waiting"
-        " {timeout}ms for recv operation to complete",
-        "torch.distributed.DistBackendError: [Rank {rank}] Watchdog caught collective operation"
-        " timeout: WorkNCCL(SeqNum={n}, OpType={op}, Timeout(ms)={timeout}) ran for {n2}"
-        " milliseconds before timing out.",
-        "!One or more tensors were submitted to be reduced, gathered or broadcasted by subset of"
-        " ranks and are waiting for remainder of ranks for more than 60 seconds. This may"
-        " indicate that different ranks are trying to submit different tensors or that only"
-        " subset of ranks is submitting tensors, which will cause deadlock.\nMissing ranks:\n"
-        "{rank}: [allreduce.grad_{var}]",
-        "jaxlib.xla_extension.XlaRuntimeError: DEADLINE_EXCEEDED: Barrier timed out. Id:"
-        " PjRT_Client_Connect::{var}. This usually happens because a task triggered the barrier"
-        " too early or too slowly.",
-        "!{host}:{pid}:{pid} [{rank}] NCCL INFO [Service thread] Connection closed by localRank"
-        " {rank}\n[E ProcessGroupNCCL.cpp:{line}] [Rank {rank}] NCCL watchdog thread terminated"
-        " with exception: [Rank {rank}] Watchdog caught collective operation timeout:"
-        " WorkNCCL(SeqNum={n}, OpType={op}, Timeout(ms)={timeout}) ran for {n2} milliseconds"
-        " before timing out.",
-        "RuntimeError: NCCL communicator was aborted on rank {rank}. Original reason for"
-        " failure was: [Rank {rank}] Watchdog caught collective operation timeout",
-        "tensorflow.python.framework.errors_impl.DeadlineExceededError: Collective ops is"
-        " aborted by: Deadline Exceeded",
-    ],
-    "nccl_network_error": [
-        "RuntimeError: NCCL error in: {path}/ProcessGroupNCCL.cpp:{line}, unhandled system"
-        " error, NCCL version 2.{small}.3\nncclSystemError: System call (e.g. socket, malloc) or"
-        " external library call failed or device error.\nLast error:\nsocketStartConnect:"
-        " Connect to {ip}<{port}> failed : Software caused connection abort",
-        "torch.distributed.DistBackendError: NCCL error in: {path}/NCCLUtils.hpp:{line}, remote"
-        " process exited or there was a network error, NCCL version 2.{small}.3\nncclRemoteError:"
-        " A call failed possibly due to a network error or a remote process exiting"
-        " prematurely.\nLast error:\nNET/IB : Got completion from peer {ip}<{port}> with error"
-        " 12, opcode 0, len 0, vendor err 129 (Recv)",
-        "!{host}:{pid}:{pid} [{rank}] transport/net_ib.cc:{line} NCCL WARN NET/IB : Got"
-        " completion from peer {ip}<{port}> with error 12, opcode 1, len 32768, vendor err 129",
-        "!{host}:{pid}:{pid} [{rank}] misc/ibvwrap.cc:{line} NCCL WARN Call to ibv_create_qp"
-        " failed with error Cannot allocate memory",
-        "!{host}:{pid}:{pid} [{rank}] misc/ibvwrap.cc:{line} NCCL WARN Call to ibv_modify_qp"
-        " failed with error Connection timed out",
-        "!{host}:{pid}:{pid} [{rank}] NCCL WARN NET/Socket : recv returned 0",
-        "!{host}:{pid}:{pid} [{rank}] include/socket.h:{line} NCCL WARN Net : Connection closed"
-        " by remote peer {ip}<{port}>",
-        "RuntimeError: NCCL error in: {path}/ProcessGroupNCCL.cpp:{line}, unhandled system error",
-        "RuntimeError: NCCL communicator was aborted on rank {rank}. Original reason for"
-        " failure was: NCCL error: unhandled system error, NCCL version 2.{small}.3",
-        "horovod.common.exceptions.HorovodInternalError: ncclCommInitRank failed: unhandled"
-        " system error",
-        "RuntimeError: NCCL error in: {path}/ProcessGroupNCCL.cpp:{line}, internal error, NCCL"
-        " version 2.{small}.3\nncclInternalError: Internal check failed.",
-        "!{host}:{pid}:{pid} [{rank}] transport/net_socket.cc:{line} NCCL WARN NET/Socket :"
-        " socket progress error",
-        "!{host}:{pid}:{pid} [{rank}] NCCL WARN NET/IB : Got async event : port error",
-    ],
-    "connection_error": [
-        "ConnectionResetError: [Errno 104] Connection reset by peer",
-        "ConnectionRefusedError: [Errno 111] Connection refused",
-        "RuntimeError: Connection reset by peer",
-        "torch.distributed.DistNetworkError: The server socket has failed to listen on any local"
-        " network address. The server socket has failed to bind to [::]:{port} (errno: 98 -"
-        " Address already in use).",
-        "RuntimeError: Address already in use",
-        "torch.distributed.elastic.rendezvous.api.RendezvousTimeoutError",
-        "torch.distributed.DistStoreError: Timed out after {small}01 seconds waiting for clients."
-        " {small}/{world} clients joined.",
-        "TimeoutError: The client socket has timed out after {timeout}ms while trying to connect"
-        " to ({ip}, {port}).",
-        "![W socket.cpp:{line}] [c10d] The client socket has failed to connect to [{host}]:{port}"
-        " (errno: 110 - Connection timed out).",
-        "BrokenPipeError: [Errno 32] Broken pipe",
-        "socket.gaierror: [Errno -2] Name or service not known",
-        "socket.gaierror: [Errno -3] Temporary failure in name resolution",
-        "requests.exceptions.ConnectionError: HTTPSConnectionPool(host='{domain}', port=443): Max"
-        " retries exceeded with url: /{var} (Caused by NewConnectionError('<urllib3.connection."
-        "HTTPSConnection object at {hexaddr}>: Failed to establish a new connection: [Errno 101]"
-        " Network is unreachable'))",
-        "urllib.error.URLError: <urlopen error [Errno 110] Connection timed out>",
-        "grpc._channel._InactiveRpcError: <_InactiveRpcError of RPC that terminated with:\n"
-        "\tstatus = StatusCode.UNAVAILABLE\n\tdetails = \"failed to connect to all addresses\">",
-        "RuntimeError: Gloo connectFullMesh failed with [{path}/gloo/transport/tcp/pair.cc:144]"
-        " no error",
-        "RuntimeError: [{path}/gloo/transport/tcp/pair.cc:598] Connection closed by peer"
-        " [{ip}]:{port}",
-        "![E socket.cpp:{line}] [c10d] The server socket has failed to listen on any local"
-        " network address.",
-        "urllib3.exceptions.ProtocolError: ('Connection aborted.', ConnectionResetError(104,"
-        " 'Connection reset by peer'))",
-        "torch.distributed.DistStoreError: Socket Timeout",
-        "ConnectionError: Connection to {host}:{port} lost",
-    ],
-    "gpu_hardware_error": [
-        "RuntimeError: CUDA error: uncorrectable ECC error encountered",
-        "RuntimeError: CUDA error: unspecified launch failure",
-        "RuntimeError: CUDA error: unknown error",
-        "RuntimeError: CUDA error: all CUDA-capable devices are busy or unavailable",
-        "RuntimeError: CUDA error: the launch timed out and was terminated",
-        "!NVRM: Xid (PCI:0000:{pcibus}:00): 79, pid={pid}, GPU has fallen off the bus.",
-        "!NVRM: Xid (PCI:0000:{pcibus}:00): 48, pid={pid}, An uncorrectable double bit error"
-        " (DBE) has been detected on GPU in the framebuffer at partition 0, subpartition 1.",
-        "!NVRM: Xid (PCI:0000:{pcibus}:00): 74, pid={pid}, NVLink: fatal error detected on"
-        " link {small}",
-        "RuntimeError: CUDA driver error: unknown error",
-        "RuntimeError: No CUDA GPUs are available",
-        "!Unable to determine the device handle for GPU 0000:{pcibus}:00.0: Unknown Error",
-        "jaxlib.xla_extension.XlaRuntimeError: INTERNAL: CUDA error: :"
-        " CUDA_ERROR_ECC_UNCORRECTABLE: uncorrectable ECC error encountered",
-        "RuntimeError: CUDA error: uncorrectable NVLink error detected during the execution",
-        "!terminate called after throwing an instance of 'c10::CUDAError'\n  what():  CUDA error:"
-        " unspecified launch failure",
-        "tensorflow.python.framework.errors_impl.InternalError: CUDA runtime implicit"
-        " initialization on GPU:0 failed. Status: device kernel image is invalid... ECC error",
-        "RuntimeError: CUDA error: CUDA-capable device(s) is/are busy or unavailable",
-        "!Error in thread 0: CUDA runtime API error cudaErrorLaunchFailure (719): unspecified"
-        " launch failure",
-    ],
-    "node_failure_or_preemption": [
-        "!slurmstepd: error: *** JOB {n} ON {host} CANCELLED AT {iso} DUE TO NODE FAILURE ***",
-        "!slurmstepd: error: *** STEP {n}.0 ON {host} CANCELLED AT {iso} DUE TO PREEMPTION ***",
-        "!slurmstepd: error: *** JOB {n} ON {host} CANCELLED AT {iso} DUE TO TIME LIMIT ***",
-        "!srun: error: Node failure on {host}",
-        "!srun: error: {host}: task {rank}: Killed",
-        "!Killed",
-        "!WARNING:torch.distributed.elastic.agent.server.api:Received 15 death signal, shutting"
-        " down workers",
-        "torch.distributed.elastic.multiprocessing.api.SignalException: Process {pid} got"
-        " signal: 15",
-        "!ERROR:torch.distributed.elastic.multiprocessing.api:failed (exitcode: -9) local_rank:"
-        " {rank} (pid: {pid}) of binary: {path}/python",
-        "!The node was low on resource: memory. Container trainer was using {gib}Gi, which"
-        " exceeds its request of 0. Pod evicted.",
-        "!Preempted by a higher priority pod: pod {var}-{n} was evicted",
-        "!mpirun noticed that process rank {rank} with PID {pid} on node {host} exited on signal"
-        " 9 (Killed).",
-        "!Terminated",
-        "!Received SIGTERM: the instance is being preempted (spot interruption notice)",
-        "!Lost heartbeat from node {host}; marking it dead and restarting the job",
-        "!slurmstepd: error: *** JOB {n} STEPD TERMINATED ON {host} AT {iso} DUE TO JOB NOT"
-        " ENDING WITH SIGNALS ***",
-    ],
-    "filesystem_io_error": [
-        "OSError: [Errno 116] Stale file handle",
-        "OSError: [Errno 116] Stale file handle: '{path}/{file}'",
-        "OSError: [Errno 5] Input/output error: '{path}/{file}'",
-        "OSError: [Errno 5] Input/output error",
-        "OSError: [Errno 107] Transport endpoint is not connected: '{path}'",
-        "!nfs: server {host} not responding, still trying",
-        "!LustreError: 11-0: {var}-MDT0000-mdc: operation ldlm_enqueue to node {ip}@o2ib failed:"
-        " rc = -107",
-        "OSError: Unable to open file (file read failed: time = Mon Mar  4 10:00:00 2024, errno"
-        " = 5, error message = 'Input/output error', buf = {hexaddr}, total read size = {n})",
-        "OSError: [Errno 112] Host is down: '{path}'",
-        "BlockingIOError: [Errno 11] Unable to create file (unable to lock file, errno = 11,"
-        " error message = 'Resource temporarily unavailable')",
-        "RuntimeError: PytorchStreamReader failed reading file data/{n}: file read failed",
-        "!gcsfuse: ReadFile: input/output error, fh.reader.ReadAt: readFull: context deadline"
-        " exceeded",
-        "OSError: [Errno 121] Remote I/O error",
-        "!ls: cannot access '{path}': Transport endpoint is not connected",
-        "tensorflow.python.framework.errors_impl.UnavailableError: Error executing an HTTP"
-        " request: libcurl code 28 meaning 'Timeout was reached', reading gs://{var}/{file}",
-    ],
-    "remote_service_error": [
-        "requests.exceptions.HTTPError: 503 Server Error: Service Unavailable for url: {url}",
-        "huggingface_hub.utils._errors.HfHubHTTPError: 504 Server Error: Gateway Time-out for"
-        " url: {url}",
-        "requests.exceptions.HTTPError: 429 Client Error: Too Many Requests for url: {url}",
-        "requests.exceptions.ReadTimeout: HTTPSConnectionPool(host='{domain}', port=443): Read"
-        " timed out. (read timeout=10)",
-        "ConnectionError: Couldn't reach {url} (error 502)",
-        "ConnectionError: Couldn't reach {url}",
-        "botocore.exceptions.ClientError: An error occurred (SlowDown) when calling the"
-        " PutObject operation (reached max retries: 4): Please reduce your request rate.",
-        "botocore.exceptions.ClientError: An error occurred (503) when calling the GetObject"
-        " operation: Service Unavailable",
-        "google.api_core.exceptions.TooManyRequests: 429 GET {url}: rate limit exceeded",
-        "!wandb: ERROR Error while calling W&B API: An internal error occurred. Please contact"
-        " support. (<Response [502]>)",
-        "wandb.errors.CommError: Error communicating with wandb process (500 Internal Server"
-        " Error)",
-        "OSError: We couldn't connect to 'https://huggingface.co' to load this file, couldn't"
-        " find it in the cached files and it looks like {var}/{var2} is not the path to a"
-        " directory containing a file named config.json.",
-        "urllib.error.HTTPError: HTTP Error 503: Service Unavailable",
-        "huggingface_hub.errors.HfHubHTTPError: 500 Server Error: Internal Server Error for url:"
-        " {url}",
-        "![{iso} WARNING] '(ReadTimeoutError(\"HTTPSConnectionPool(host='{domain}', port=443):"
-        " Read timed out. (read timeout=10)\"), '(Request ID: {uuid})')' thrown while requesting"
-        " HEAD {url}\n[{iso} WARNING] Retrying in 1s [Retry 1/5].",
-        "botocore.exceptions.ReadTimeoutError: Read timeout on endpoint URL: \"{url}\"",
-        "aiohttp.client_exceptions.ClientResponseError: 502, message='Bad Gateway', url={url}",
-    ],
 }
+
+MESSAGES: dict[str, list[str]] = {**_DETERMINISTIC, **TRANSIENT_MESSAGES}

@@ -91,6 +91,12 @@ def test_threshold_rises_until_deterministic_precision_is_reached() -> None:
     assert choose_threshold(p_det, labels, 0.99, floor=0.6) == 0.71
 
 
+def test_threshold_stops_rising_at_the_abstention_budget() -> None:
+    p_det = [0.95, 0.9, 0.7, 0.65, 0.0]
+    labels = [0, 0, 1, 0, 1]
+    assert choose_threshold(p_det, labels, 0.99, floor=0.6, max_abstention=0.2) == 0.70
+
+
 def _corrupt(path: Path, tmp_path: Path) -> Path:
     bad = tmp_path / "bad.safetensors"
     data = bytearray(path.read_bytes())
