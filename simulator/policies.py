@@ -117,14 +117,13 @@ class ConfusionPolicy(_Verdicts):
 class VerdictPolicy(_Verdicts):
     """Sibylla with verdicts a model gave on generated logs, one per failed job (by job id)."""
 
-    def __init__(self, verdicts: Mapping[str, str], max_retries: int = 3, name: str = "") -> None:
+    def __init__(self, verdicts: Mapping[str, str], max_retries: int = 3) -> None:
         self.verdicts = verdicts
         self.max_retries = max_retries
-        self._name = name or "sibylla-model"
 
     @property
     def name(self) -> str:
-        return self._name
+        return "sibylla-model"
 
     def verdict(self, index: int, job: Job, attempt: int) -> str:
         return self.verdicts.get(job.job_id, "unknown")
