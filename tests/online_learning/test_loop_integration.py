@@ -1,6 +1,7 @@
 """The loop end to end on a real broker: failed attempts and their retries' outcomes flow in,
-labels come out, the trainer fine-tunes and promotes a model, and the worker's next decision
-carries the promoted model's version.
+labels come out, the trainer fine-tunes and promotes a model, the worker's next decision
+carries the promoted model's version, and an operator's label through the HTTP API overrules
+a retry outcome.
 
 Needs ``sibylla.online_learning.worker.register`` wired into the worker (streams/worker.py).
 The trainer runs in-process with a gate that lets anything through: what is tested here is the
@@ -11,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+import urllib.request
 from pathlib import Path
 
 import orjson
@@ -69,11 +71,12 @@ def test_outcomes_become_labels_and_a_promoted_model_makes_the_next_decision(
                 await _attempt(shipper, "job-nccl", 1, "epoch 9 done", "COMPLETED")
                 await shipper.flush()
             wanted = {("job-shape", 0), ("job-nccl", 0)}
-            for _ in range(60):
+            deadline = time.monotonic() + 150
+            while True:
                 labels = await _labels(settings)
-                if {(lab.job_id, lab.attempt) for lab in labels} >= wanted:
-                    break
-            return labels
+                done = {(lab.job_id, lab.attempt) for lab in labels} >= wanted
+                if done or time.monotonic() > deadline:
+                    return labels
 
         labels = asyncio.run(failures_and_retries())
         got = {(lab.job_id, lab.attempt): lab.label for lab in labels}
@@ -105,3 +108,23 @@ def test_outcomes_become_labels_and_a_promoted_model_makes_the_next_decision(
 
         after = [d for d in asyncio.run(next_decision()) if d.job_id == "job-after"]
         assert [d.model_version for d in after] == [report.version], worker.tail()
+
+        # An operator overrules the retry outcome through the worker's HTTP API.
+        request = urllib.request.Request(
+            f"http://127.0.0.1:{settings.web_port}/labels/job-nccl/0",
+            data=b'{"label": "deterministic"}', method="POST",
+            headers={"Content-Type": "application/json"})
+        with urllib.request.urlopen(request, timeout=10) as resp:
+            assert resp.status == 202
+
+        async def relabeled() -> list[Label]:
+            deadline = time.monotonic() + 60
+            while True:
+                found = [lab for lab in await _labels(settings)
+                         if (lab.job_id, lab.attempt, lab.label) == ("job-nccl", 0,
+                                                                     "deterministic")]
+                if found or time.monotonic() > deadline:
+                    return found
+
+        [label] = asyncio.run(relabeled())
+        assert {v.source for v in label.votes} >= {"operator", "outcome"}
