@@ -149,7 +149,7 @@ _ENTRIES = st.fixed_dictionaries(
 )
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=80, deadline=None)
 @given(st.lists(_ENTRIES, max_size=15))
 def test_every_philly_entry_is_either_replayable_or_counted_as_skipped(entries):
     trace = jobs_from_philly(entries)
