@@ -4,13 +4,15 @@ carries the promoted model's version, and an operator's label through the HTTP A
 a retry outcome.
 
 Needs ``sibylla.online_learning.worker.register`` wired into the worker (streams/worker.py).
-The trainer runs in-process with a gate that lets anything through: what is tested here is the
-plumbing (labels, announcement, checksum, hot swap); the gate has its own tests.
+The trainer process's loop runs in the test's event loop with a gate that lets anything
+through: what is tested here is the plumbing (labels, fine-tune, announcement, checksum, hot
+swap); the gate has its own tests.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 import urllib.request
 from pathlib import Path
@@ -18,13 +20,9 @@ from pathlib import Path
 import orjson
 import pytest
 
-from sibylla.inference.checkpoint import load_checkpoint
-from sibylla.inference.corpus import REAL_FILES, load_records, packaged_path
-from sibylla.inference.train import examples_from_records
-from sibylla.online_learning.service import announce
+from sibylla.online_learning.service import run_trainer
 from sibylla.online_learning.settings import OnlineSettings
 from sibylla.online_learning.store import ModelStore
-from sibylla.online_learning.trainer import Trainer
 from sibylla.schemas.records import Decision, JobEvent, Label
 from sibylla.settings import Settings
 from sibylla.streams.ship import Shipper
@@ -83,22 +81,28 @@ def test_outcomes_become_labels_and_a_promoted_model_makes_the_next_decision(
         assert got.get(("job-shape", 0)) == "deterministic", worker.tail()
         assert got.get(("job-nccl", 0)) == "nondeterministic", worker.tail()
 
-        base = load_checkpoint(settings.model_path or None)
-        held_out = examples_from_records(load_records(packaged_path(REAL_FILES[1]))[:20])
-        store = ModelStore(online.models_dir)
-        trainer = Trainer(online, store, base, held_out)
-        for label in labels:
-            trainer.add_label(label)
-        assert trainer.due() == "labels"
-        report = trainer.step("labels")
-        assert report.result.promote
-        asyncio.run(announce(settings, online, store, store.get(report.version)))
+        async def train_until_swapped() -> str:
+            """The trainer process's loop, until the worker runs what it promoted."""
+            task = asyncio.create_task(run_trainer(settings, online))
+            try:
+                deadline = time.monotonic() + 180
+                while time.monotonic() < deadline and not task.done():
+                    current = ModelStore(online.models_dir).current
+                    if current is not None and current.status == "promoted" and (
+                            f'sibylla_model_info{{version="{current.version}"}} 1.0'
+                            in worker.metrics_text()):
+                        return current.version
+                    await asyncio.sleep(0.5)
+                return ""
+            finally:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
 
-        swapped = f'sibylla_model_info{{version="{report.version}"}} 1.0'
-        deadline = time.monotonic() + 60
-        while swapped not in worker.metrics_text() and time.monotonic() < deadline:
-            time.sleep(0.5)
-        assert swapped in worker.metrics_text(), worker.tail()
+        version = asyncio.run(train_until_swapped())
+        assert version, worker.tail()
+        [entry] = [e for e in ModelStore(online.models_dir).entries() if e.status == "promoted"]
+        assert entry.scores["n_new"] == 2 and entry.sha256
 
         async def next_decision() -> list[Decision]:
             async with Shipper(settings) as shipper:
@@ -107,7 +111,7 @@ def test_outcomes_become_labels_and_a_promoted_model_makes_the_next_decision(
             return await collect_decisions(settings, {"job-after"}, timeout_s=60)
 
         after = [d for d in asyncio.run(next_decision()) if d.job_id == "job-after"]
-        assert [d.model_version for d in after] == [report.version], worker.tail()
+        assert [d.model_version for d in after] == [version], worker.tail()
 
         # An operator overrules the retry outcome through the worker's HTTP API.
         request = urllib.request.Request(
