@@ -57,6 +57,7 @@ EVENTS_BATCH = 512
 EVENTS_WITHIN_S = 0.01
 SWEEP_EVERY_S = 30.0
 REQUEST_RETRY_S = 10.0  # re-request a decision not made within this (e.g. after a crash)
+CATCH_UP_LIMIT_S = 30.0  # longest wait past the grace period for ingest to catch up
 
 
 class Pipeline:
@@ -81,6 +82,7 @@ class Pipeline:
         # r_f and MTTF from the job events of this worker's partitions (exported as metrics).
         self.reliability = FailureRateEstimator()
         self._requested: dict[str, float] = {}  # attempt key -> when a decision was requested
+        self._ingested: dict[int, int] = {}  # partition -> offset of the last log record taken
         # Called for each new decision inside the decide agent's event context (table writes
         # there land on the job's partition): online learning keeps the window it needs.
         self.decided_hooks: list[Callable[[LogWindow, Decision], Awaitable[None]]] = []
@@ -178,6 +180,7 @@ class Pipeline:
         for job_id, attempt in ended:
             if attempt_key(job_id, attempt) in pending:
                 await self._request_decision(job_id, attempt)
+        self._ingested[partition] = events[-1].message.offset
         m.lines.inc(lines)
         m.bytes.inc(nbytes)
         if late:
@@ -236,10 +239,21 @@ class Pipeline:
         # The broker's timestamp of the termination event starts the decision's clock.
         event_time = event.message.timestamp or time.time()
         grace = self.settings.grace_period_s
-        self.t.pending[key] = orjson.dumps(
-            {"event": job.to_dict(), "event_time": event_time, "deadline": time.time() + grace})
         window = self.cache.get(partition, key)
-        if grace <= 0 or (window is not None and window.eos):
+        now_ready = grace <= 0 or (window is not None and window.eos)
+        log_end = None
+        if not now_ready:
+            # The end of the job's log partition now: lines printed before the job ended lie
+            # below it, and the decision waits until ingest has taken them (a backlog after a
+            # restart can outlast the grace period). Asked of the broker: the consumer's own
+            # high-water mark is stale for partitions paused by flow control.
+            tp = TP(self.t.logs.get_topic_name(), partition)
+            log_end = (await self.t.app.consumer.highwaters(tp)).get(tp)
+            self._in_event(stream, event)
+        self.t.pending[key] = orjson.dumps(
+            {"event": job.to_dict(), "event_time": event_time, "deadline": time.time() + grace,
+             "log_end": log_end})
+        if now_ready:
             await self._request_decision(job.job_id, job.attempt)
 
     def _release(self, partition: int, key: str) -> None:
@@ -258,11 +272,29 @@ class Pipeline:
             job_id, attempt = split_key(key)
             if TP(topic, partition_of(job_id, self.settings.partitions)) not in assigned:
                 continue
-            if orjson.loads(value)["deadline"] > now:
+            pending = orjson.loads(value)
+            if pending["deadline"] > now:
                 continue
             asked = self._requested.get(key)
-            if asked is None or mono - asked > REQUEST_RETRY_S:
-                await self._request_decision(job_id, attempt)
+            if asked is not None and mono - asked <= REQUEST_RETRY_S:
+                continue
+            if (pending["deadline"] + CATCH_UP_LIMIT_S > now
+                    and not await self._logs_taken(job_id, pending.get("log_end"))):
+                continue
+            await self._request_decision(job_id, attempt)
+
+    async def _logs_taken(self, job_id: str, log_end: int | None) -> bool:
+        """Has ingest taken every log record that was on the job's partition at its end?"""
+        if log_end is None:
+            return True
+        partition = partition_of(job_id, self.settings.partitions)
+        taken = self._ingested.get(partition)
+        if taken is not None:
+            return taken + 1 >= log_end
+        # Nothing taken since this worker got the partition: is anything left to read?
+        tp = TP(self.t.logs.get_topic_name(), partition)
+        position = await self.t.app.consumer.position(tp)
+        return position is not None and position >= log_end
 
     # ---------------------------------------------------------------- decide
     async def _decide(self, stream: Any) -> None:
