@@ -72,6 +72,7 @@ def save_checkpoint(model: RecurrentClassifier, vocab: Vocabulary, meta: dict[st
     os.close(fd)
     try:
         save_file(tensors, tmp, metadata=header)
+        os.chmod(tmp, 0o644)  # mkstemp's 0600 would hide a shipped model from other users
         os.replace(tmp, path)
     finally:
         if os.path.exists(tmp):

@@ -158,8 +158,12 @@ def _classify(args: argparse.Namespace) -> int:
     except (ModelLoadError, OSError) as exc:
         print(f"sibylla classify: {exc}", file=sys.stderr)
         return 2
+    from sibylla.streams.policy import RETRY_ELSEWHERE_CATEGORIES  # the pipeline's own rule
+
     prediction = classifier.predict([window_from_text(text, job_id=args.file)])[0]
     action = ACTIONS[prediction.verdict]
+    if action == "retry" and prediction.category in RETRY_ELSEWHERE_CATEGORIES:
+        action = "retry_elsewhere"
     if args.json:
         print(json.dumps({"verdict": prediction.verdict, "confidence": prediction.confidence,
                           "category": prediction.category, "action": action,

@@ -12,6 +12,7 @@ model must rather say ``unknown`` (the scheduler's default policy) than guess.
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import json
 import logging
@@ -180,8 +181,8 @@ def train_model(examples: Sequence[Example | tuple[str, str, str]], config: Trai
     train_raw, val = _split(exs, config.val_fraction, str(config.seed))
     train = _expand(train_raw, config.real_copies, rng)
     train_tokens = _encode(train, config.max_tokens)
-    if init_from is not None:
-        vocab, model = init_from.vocab, init_from.model
+    if init_from is not None:  # a copy: the original may be serving predictions right now
+        vocab, model = init_from.vocab, copy.deepcopy(init_from.model)
     else:
         vocab = Vocabulary.build(train_tokens, min_count=config.min_count)
         model = RecurrentClassifier(ModelConfig(

@@ -60,3 +60,14 @@ def test_evidence_comes_from_the_log_with_secrets_redacted(tiny: Checkpoint) -> 
     assert prediction.evidence and all(line in log or "<secret>" in line
                                        for line in prediction.evidence)
     assert not any("hf_abcdefghijklmnopqrstuvwxyz0123" in line for line in prediction.evidence)
+
+
+def test_the_shipped_model_loads_and_tells_a_bug_from_a_flaky_network() -> None:
+    classifier = load_classifier(device="cpu")
+    oom, nccl, empty = classifier.predict([window_from_text(OOM_LOG), window_from_text(NCCL_LOG),
+                                           LogWindow("j", 0, tail=[])])
+    assert (oom.verdict, oom.category) == ("deterministic", "gpu_out_of_memory")
+    assert (nccl.verdict, nccl.category) == ("nondeterministic", "collective_timeout")
+    assert empty.verdict == "unknown"
+    assert classifier.version == classifier.meta["version"]
+    assert classifier.meta["metrics"]["held_out_file"] == "real_public_d.jsonl"

@@ -66,11 +66,13 @@ def test_training_is_reproducible_with_a_fixed_seed(tiny: Checkpoint) -> None:
         assert torch.equal(value, again.model.state_dict()[key])
 
 
-def test_fine_tuning_keeps_the_vocabulary_and_names_its_parent(tiny: Checkpoint) -> None:
+def test_fine_tuning_works_on_a_copy_and_names_its_parent(tiny: Checkpoint) -> None:
     extra = [("RuntimeError: CUDA error: uncorrectable ECC error encountered",
               "nondeterministic", "gpu_hardware_error")] * 4
+    before = {k: v.clone() for k, v in tiny.model.state_dict().items()}
     tuned = train_model(extra, TINY, init_from=tiny)
     assert tuned.vocab == tiny.vocab
+    assert all(torch.equal(v, tiny.model.state_dict()[k]) for k, v in before.items())
     assert tuned.meta["fine_tuned_from"] == tiny.meta["version"]
     assert tuned.meta["version"] != tiny.meta["version"]
 
