@@ -450,8 +450,14 @@ def machine() -> dict[str, Any]:
             versions[name] = importlib.metadata.version(name)
     commit = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"],
                             capture_output=True, text=True).stdout.strip()
+    # Uncommitted edits of the code under test make the commit alone an incomplete record.
+    dirty = subprocess.run(["git", "-C", str(ROOT), "status", "--porcelain", "--", "streams",
+                            "inference", "schemas", "sibylla"],
+                           capture_output=True, text=True).stdout.split("\n")
     return {"nproc": os.cpu_count(), "python": platform.python_version(),
-            "platform": platform.platform(), "commit": commit, "versions": versions}
+            "platform": platform.platform(), "commit": commit,
+            "uncommitted": [line[3:] for line in dirty if line.strip()],
+            "versions": versions}
 
 
 def verdicts(results: dict[str, Any]) -> dict[str, dict[str, Any]]:
