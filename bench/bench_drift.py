@@ -225,9 +225,11 @@ def plot(results: list[Result], onset: int, width: int, path: Path) -> None:
         acc = windows(result.right, width)
         (line,) = axes[0].plot([i * width + width / 2 for i in range(len(acc))], acc, **style)
         style["color"] = line.get_color()
-        new = [ok for ok, kind in zip(result.right, result.new_kind, strict=True) if kind]
-        new_acc = windows(new, width // 2)
-        axes[1].plot([onset + (i + 0.5) * width for i in range(len(new_acc))], new_acc, **style)
+        at = [i for i, kind in enumerate(result.new_kind) if kind]  # jobs of new categories
+        half = width // 2
+        new_acc = windows([result.right[i] for i in at], half)
+        axes[1].plot([at[min(k * half + half // 2, len(at) - 1)] for k in range(len(new_acc))],
+                     new_acc, **style)
         for e in result.events:
             axes[0].axvline(e["job"], color=line.get_color(), alpha=0.25,
                             linestyle="-" if e["promoted"] else ":")
@@ -235,7 +237,7 @@ def plot(results: list[Result], onset: int, width: int, path: Path) -> None:
     axes[1].axvline(onset, color="black", linestyle="--")
     axes[0].set_title("all failed jobs (thin lines: candidates;\nsolid promoted, dotted "
                       "rejected by the gate)", fontsize=10)
-    axes[1].set_title("jobs of the new categories only", fontsize=10)
+    axes[1].set_title(f"jobs of the new categories only (windows of {width // 2})", fontsize=10)
     axes[0].set_ylabel(f"accuracy of served verdicts\n(windows of {width} jobs; unknown "
                        "counts wrong)")
     for ax in axes:
