@@ -43,7 +43,7 @@ from sibylla.streams.batcher import MicroBatcher
 from sibylla.streams.keys import attempt_key, partition_of, split_key
 from sibylla.streams.metrics import WorkerMetrics
 from sibylla.streams.policy import make_decision
-from sibylla.streams.state import WindowCache, live_items
+from sibylla.streams.state import WindowCache, live_get, live_items
 from sibylla.streams.window import WindowLimits
 from sibylla.streams.window_store import WindowStore
 
@@ -159,7 +159,7 @@ class Pipeline:
                 m.rekeyed.inc()
                 continue
             key = attempt_key(chunk.job_id, chunk.attempt)
-            if key in decided:
+            if live_get(decided, key) is not None:
                 late += len(chunk.lines)
                 continue
             window = cache.get_or_create(partition, key)
@@ -178,7 +178,7 @@ class Pipeline:
             for key, window in touched.items():
                 self.store.save(key, window)
         for job_id, attempt in ended:
-            if attempt_key(job_id, attempt) in pending:
+            if live_get(pending, attempt_key(job_id, attempt)) is not None:
                 await self._request_decision(job_id, attempt)
         self._ingested[partition] = events[-1].message.offset
         m.lines.inc(lines)
@@ -195,7 +195,7 @@ class Pipeline:
         """Drop windows of attempts silent for longer than the TTL (no termination came)."""
         horizon = now - self.settings.window_ttl_s
         for key, window in self.cache.items(partition):
-            if window.last_seen < horizon and key not in self.t.pending:
+            if window.last_seen < horizon and live_get(self.t.pending, key) is None:
                 self.store.delete(key, self.cache.pop(partition, key))
                 self.metrics.expired_windows.inc()
 
@@ -209,7 +209,7 @@ class Pipeline:
                 continue
             if orjson.loads(value)["decided_at"] < horizon:
                 del self.t.decided[key]
-                if self.t.latest.get(job_id) == str(attempt).encode():
+                if live_get(self.t.latest, job_id) == str(attempt).encode():
                     del self.t.latest[job_id]
 
     # ---------------------------------------------------------------- terminations
@@ -229,7 +229,7 @@ class Pipeline:
         if job.event != "finished":
             return
         key = attempt_key(job.job_id, job.attempt)
-        if key in self.t.decided or key in self.t.pending:
+        if live_get(self.t.decided, key) or live_get(self.t.pending, key):
             return  # a replay: the attempt is already being (or was) decided
         partition = event.message.partition
         self._in_event(stream, event)
@@ -314,10 +314,10 @@ class Pipeline:
                 continue
             if key in todo:
                 continue
-            if key in self.t.decided:
+            if live_get(self.t.decided, key) is not None:
                 self._requested.pop(key, None)
                 continue
-            raw = self.t.pending.get(key)
+            raw = live_get(self.t.pending, key)
             if raw is None:
                 continue
             pending = orjson.loads(raw)

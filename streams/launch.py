@@ -14,6 +14,7 @@ import time
 import urllib.request
 from pathlib import Path
 
+from sibylla.brokers.process import die_with_parent
 from sibylla.settings import Settings
 
 __all__ = ["WorkerProcess"]
@@ -34,7 +35,7 @@ class WorkerProcess:
             self.proc = subprocess.Popen(
                 [sys.executable, "-m", "sibylla", "worker"], stdout=out,
                 stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
-                env={**os.environ, **self.settings.to_env()})
+                preexec_fn=die_with_parent, env={**os.environ, **self.settings.to_env()})
         url = f"http://{self.settings.web_host}:{self.settings.web_port}/metrics"
         deadline = time.monotonic() + ready_timeout_s
         while time.monotonic() < deadline:

@@ -15,11 +15,18 @@ from sibylla.streams.keys import partition_of, split_key
 from sibylla.streams.window import TailWindow
 from sibylla.streams.window_store import WindowStore
 
-__all__ = ["WindowCache", "live_items"]
+__all__ = ["WindowCache", "live_get", "live_items"]
 
 
 def _text(key: Any) -> str:
     return key.decode() if isinstance(key, bytes) else key
+
+
+def live_get(table: Any, key: str) -> bytes | None:
+    """A table's value for ``key``, or None when absent or deleted. After changelog recovery
+    a deletion can linger as a non-bytes value that ``in`` and ``get`` still report."""
+    value = table.get(key)
+    return value if isinstance(value, bytes) and value else None
 
 
 def live_items(table: Any) -> Iterator[tuple[str, bytes]]:

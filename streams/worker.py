@@ -24,6 +24,7 @@ from sibylla.streams.agents import Pipeline
 from sibylla.streams.app import build_app
 from sibylla.streams.keys import attempt_key
 from sibylla.streams.lag import LagProbe
+from sibylla.streams.state import live_get
 from sibylla.streams.topics import ensure_topics
 
 __all__ = ["build_worker", "run_worker"]
@@ -46,8 +47,8 @@ def _register_pages(pipeline: Pipeline) -> None:
     @app.page("/decisions/{job_id}")
     @app.table_route(table=t.latest, match_info="job_id")
     async def decision(web: View, request: Request, job_id: str) -> Response:
-        attempt = t.latest.get(job_id)
-        value = t.decided.get(attempt_key(job_id, int(attempt))) if attempt else None
+        attempt = live_get(t.latest, job_id)
+        value = live_get(t.decided, attempt_key(job_id, int(attempt))) if attempt else None
         if value is None:
             return web.json({"error": f"no decision for job {job_id!r}"}, status=404)
         return web.bytes(value, content_type="application/json")
