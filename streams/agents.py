@@ -21,10 +21,12 @@ from __future__ import annotations
 
 import logging
 import time
+import weakref
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 import orjson
+from faust.streams import _current_event  # read by faust.current_event(); no public setter
 from faust.types import TP
 
 from sibylla.inference.api import Classifier, LogWindow, Prediction
@@ -126,18 +128,20 @@ class Pipeline:
             key=job_id.encode(), value=orjson.dumps({"job_id": job_id, "attempt": attempt}),
             force=True)
 
-    def _in_event(self, stream: Any, event: Any) -> None:
+    def _in_event(self, event: Any) -> None:
         # faust routes a table write to the changelog partition of the *current event*; in a
         # take_events() batch the agent's task has none, so name it (same partition: the
-        # agent is isolated per partition).
-        stream._set_current_event(event)
+        # agent is isolated per partition). Only the task's context variable is set, never
+        # ``stream.current_event``: take_events' background reader uses that attribute to
+        # pair each buffered value with its event, and overwriting it there loses messages.
+        _current_event.set(weakref.ref(event))
 
     # ---------------------------------------------------------------- ingest
     async def _ingest(self, stream: Any) -> None:
         async for events in stream.take_events(INGEST_BATCH, INGEST_WITHIN_S):
-            await self._ingest_batch(stream, events)
+            await self._ingest_batch(events)
 
-    async def _ingest_batch(self, stream: Any, events: Sequence[Any]) -> None:
+    async def _ingest_batch(self, events: Sequence[Any]) -> None:
         s, m, cache = self.settings, self.metrics, self.cache
         decided, pending = self.t.decided, self.t.pending
         partition = events[0].message.partition
@@ -174,7 +178,7 @@ class Pipeline:
             lines += len(chunk.lines)
             nbytes += len(msg.value)
         if touched:
-            self._in_event(stream, events[-1])
+            self._in_event(events[-1])
             for key, window in touched.items():
                 self.store.save(key, window)
         for job_id, attempt in ended:
@@ -187,7 +191,7 @@ class Pipeline:
             m.late_lines.inc(late)
         if now - self._windows_swept.get(partition, 0.0) > SWEEP_EVERY_S:
             self._windows_swept[partition] = now
-            self._in_event(stream, events[-1])
+            self._in_event(events[-1])
             self._expire_windows(partition, now)
         m.active_windows.set(len(cache))
 
@@ -216,9 +220,9 @@ class Pipeline:
     async def _terminations(self, stream: Any) -> None:
         async for events in stream.take_events(EVENTS_BATCH, EVENTS_WITHIN_S):
             for event in events:
-                await self._on_job_event(stream, event)
+                await self._on_job_event(event)
 
-    async def _on_job_event(self, stream: Any, event: Any) -> None:
+    async def _on_job_event(self, event: Any) -> None:
         try:
             job = parse_job_event(event.message.value)
         except RecordError as exc:
@@ -232,7 +236,7 @@ class Pipeline:
         if live_get(self.t.decided, key) or live_get(self.t.pending, key):
             return  # a replay: the attempt is already being (or was) decided
         partition = event.message.partition
-        self._in_event(stream, event)
+        self._in_event(event)
         if not job.failed:
             self._release(partition, key)
             return
@@ -249,7 +253,7 @@ class Pipeline:
             # high-water mark is stale for partitions paused by flow control.
             tp = TP(self.t.logs.get_topic_name(), partition)
             log_end = (await self.t.app.consumer.highwaters(tp)).get(tp)
-            self._in_event(stream, event)
+            self._in_event(event)
         self.t.pending[key] = orjson.dumps(
             {"event": job.to_dict(), "event_time": event_time, "deadline": time.time() + grace,
              "log_end": log_end})
@@ -300,9 +304,9 @@ class Pipeline:
     async def _decide(self, stream: Any) -> None:
         s = self.settings
         async for events in stream.take_events(s.batch_max_windows, s.batch_max_wait_ms / 1000):
-            await self._decide_batch(stream, events)
+            await self._decide_batch(events)
 
-    async def _decide_batch(self, stream: Any, events: Sequence[Any]) -> None:
+    async def _decide_batch(self, events: Sequence[Any]) -> None:
         partition = events[0].message.partition
         todo: dict[str, tuple[Any, JobEvent, float, LogWindow]] = {}
         for event in events:
@@ -331,7 +335,7 @@ class Pipeline:
         now = time.time()
         if now - self._decisions_swept.get(partition, 0.0) > SWEEP_EVERY_S:
             self._decisions_swept[partition] = now
-            self._in_event(stream, events[-1])
+            self._in_event(events[-1])
             self._expire_decisions(partition, now)
         if not todo:
             return
@@ -343,7 +347,7 @@ class Pipeline:
             decision = make_decision(job, window, prediction, version, time.time(), event_time)
             value = decision.to_json()
             await self.t.decisions.send(key=job.job_id.encode(), value=value, force=True)
-            self._in_event(stream, event)
+            self._in_event(event)
             self.t.decided[key] = value
             self.t.latest[job.job_id] = str(job.attempt).encode()
             del self.t.pending[key]
