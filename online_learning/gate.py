@@ -67,16 +67,26 @@ def pooled_precision(parts: Mapping[str, Scores]) -> tuple[float, int]:
 
 
 def gate(current: Mapping[str, Scores], candidate: Mapping[str, Scores], tolerance: float,
-         precision_tolerance: float) -> GateResult:
+         precision_tolerance: float, floor: Mapping[str, Scores] | None = None) -> GateResult:
     """Compare the two models (same parts, e.g. ``real`` and ``recent``): accuracy part by
     part, deterministic precision pooled over the parts (the held-back labels alone hold few
-    ``deterministic`` verdicts: see the bias in docs/online_learning.md)."""
+    ``deterministic`` verdicts: see the bias in docs/online_learning.md).
+
+    ``floor``: scores of the first model on some parts. Without it, promotions that each lose
+    a little less than the tolerance add up (a ratchet the drift experiment showed); with it,
+    the candidate must also be within the tolerance of the first model there.
+    """
     reasons = []
     for part, cur in current.items():
         cand = candidate[part]
         if cand.n and cand.accuracy < cur.accuracy - tolerance:
             reasons.append(f"{part}: accuracy {cand.accuracy:.4f} < {cur.accuracy:.4f} - "
                            f"{tolerance}")
+    for part, first in (floor or {}).items():
+        cand = candidate[part]
+        if cand.n and cand.accuracy < first.accuracy - tolerance:
+            reasons.append(f"{part}: accuracy {cand.accuracy:.4f} < the first model's "
+                           f"{first.accuracy:.4f} - {tolerance}")
     (cur_p, _), (cand_p, cand_n) = pooled_precision(current), pooled_precision(candidate)
     if cand_n and cand_p < cur_p - precision_tolerance:
         reasons.append(f"deterministic precision {cand_p:.4f} < {cur_p:.4f} - "

@@ -101,6 +101,7 @@ class Trainer:
         else:
             self.checkpoint = store.load(current)
         self.trained_until = current.trained_until
+        self._floor: dict[str, Scores] = {}  # the first model's scores on the real logs
         self.classifier: Classifier = ModelClassifier(self.checkpoint, device="cpu")
         self.metrics.set_model(self.classifier.version)
 
@@ -177,7 +178,7 @@ class Trainer:
         current_scores = {p: score(self.classifier, exs) for p, exs in parts.items()}
         cand_scores = {p: score(cand_classifier, exs) for p, exs in parts.items()}
         result = gate(current_scores, cand_scores, self.s.gate_tolerance,
-                      self.s.gate_precision_tolerance)
+                      self.s.gate_precision_tolerance, self._first_model_scores())
         if result.promote:  # a batch the gate refused is suspect: never replay it
             self.replay.extend(new)
         self.new.clear()
@@ -202,6 +203,17 @@ class Trainer:
                                  round(time.monotonic() - t0, 1))
         self._export(report)
         return report
+
+    def _first_model_scores(self) -> dict[str, Scores]:
+        """The store's first (base) model on the real logs: the floor no chain of promotions
+        may sink below."""
+        if not self._floor:
+            first = next((e for e in self.store.entries() if e.status == "base"), None)
+            if first is not None:
+                model = (self.classifier if first.version == self.classifier.version
+                         else ModelClassifier(self.store.load(first), device="cpu"))
+                self._floor = {"real": score(model, self.real_validation)}
+        return self._floor
 
     def _follow_rollback(self) -> None:
         """Start from the store's current model if an operator rolled back to another one."""

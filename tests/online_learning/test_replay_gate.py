@@ -94,3 +94,12 @@ def test_precision_is_pooled_over_parts_so_a_few_recent_verdicts_do_not_decide()
     candidate = {"real": Scores(300, 0.9, 0.99, 200, 0.9),
                  "recent": Scores(50, 0.8, 0.75, 4, 0.9)}
     assert gate(current, candidate, 0.01, 0.005).promote
+
+
+def test_promotions_cannot_ratchet_below_the_first_model() -> None:
+    first = {"real": scores(0.95, 0.99)}
+    current = {"real": scores(0.935, 0.99)}  # already one promotion within tolerance
+    candidate = {"real": scores(0.92, 0.99)}  # within tolerance of current, not of the first
+    assert gate(current, candidate, 0.02, 0.01).promote
+    result = gate(current, candidate, 0.02, 0.01, floor=first)
+    assert not result.promote and "first model" in result.reasons[0]
