@@ -62,7 +62,7 @@ BASE_CONFIG = TrainConfig(seed=11, cell="lstm", synthetic=0, real_files=(), epoc
                           max_tokens=256, min_count=2, lr=1e-2)
 ONLINE = OnlineSettings(finetune_every=150, drift_min_labels=60, drift_threshold=0.3,
                         drift_window=150, replay_size=1000, replay_ratio=1.0, holdout_every=5,
-                        finetune_epochs=3, finetune_lr=3e-3, gate_tolerance=0.02,
+                        finetune_epochs=3, finetune_lr=1e-3, gate_tolerance=0.02,
                         gate_precision_tolerance=0.01)
 SERVE_BATCH = 50  # jobs decided by one model before the trainer may swap it
 
