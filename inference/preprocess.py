@@ -68,8 +68,16 @@ _SECRETS = [
 ]
 
 
+# Every secret pattern needs one of these words; most lines have none, and one search for them
+# is several times cheaper than running each pattern (serving preprocesses every kept line).
+_SECRET_HINT = re.compile(r"(?i)pass|pwd|secret|key|token|bearer|authoriz|hf[_-]|gh[pos][_-]"
+                          r"|github_pat|sk[_-]|xox[abp]|akia|eyj|://")
+
+
 def redact(line: str) -> str:
     """``line`` with every credential-looking value replaced by ``<secret>``."""
+    if not _SECRET_HINT.search(line):
+        return line
     for pattern in _SECRETS:
         line = pattern.sub(lambda m: m.group(1) + "<secret>", line)
     return line
@@ -99,10 +107,18 @@ _MASKS: list[tuple[re.Pattern[str], str]] = [
 ]
 
 
+_DIGIT = re.compile(r"\d")
+# Timestamps, hex and numbers cannot match a line without a digit (placeholders add none):
+# skipping them there halves the cost of masking the typical line.
+_NEEDS_DIGIT = {2, 5, 6}  # indices in _MASKS
+
+
 def mask(line: str) -> str:
     """``line`` with job-specific values replaced by placeholders (see module docstring)."""
-    for pattern, placeholder in _MASKS:
-        line = pattern.sub(placeholder, line)
+    has_digit = _DIGIT.search(line) is not None
+    for i, (pattern, placeholder) in enumerate(_MASKS):
+        if has_digit or i not in _NEEDS_DIGIT:
+            line = pattern.sub(placeholder, line)
     return line
 
 
