@@ -97,7 +97,8 @@ class TfidfLogReg:
                 rows.append(r)
                 cols.append(i)
                 vals.append((1 + math.log(c)) * float(self.idf[i]) / norm)
-        return torch.sparse_coo_tensor([rows, cols], vals, (len(docs), len(self.vocab)),
+        indices = torch.tensor([rows, cols], dtype=torch.long).reshape(2, -1)
+        return torch.sparse_coo_tensor(indices, torch.tensor(vals), (len(docs), len(self.vocab)),
                                        dtype=torch.float32, check_invariants=False).coalesce()
 
     @staticmethod

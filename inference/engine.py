@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from .api import LogWindow, Prediction
+from .api import LogWindow, Prediction, VerdictLabel
 from .checkpoint import Checkpoint, load_checkpoint
 from .features import MAX_TOKENS, Encoded, encode_window, pad_batch
 from .model import RecurrentClassifier
@@ -145,7 +145,9 @@ class ModelClassifier:
         is_det = label == LABELS[0]
         allowed = [i for i, c in enumerate(CATEGORIES) if (c in DETERMINISTIC) == is_det]
         category = CATEGORIES[max(allowed, key=lambda i: category_probs[i])]
-        verdict = label if confidence >= self.threshold else "unknown"
+        verdict: VerdictLabel = "unknown"
+        if confidence >= self.threshold:
+            verdict = "deterministic" if is_det else "nondeterministic"
         return Prediction(verdict, round(confidence, 4), category, _evidence(enc, attention))
 
 
