@@ -6,6 +6,7 @@ them run ``python -m sibylla worker`` with the settings passed as ``SIBYLLA_*`` 
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import signal
 import subprocess
@@ -14,7 +15,7 @@ import time
 import urllib.request
 from pathlib import Path
 
-from sibylla.brokers.process import die_with_parent
+from sibylla.brokers.process import die_with_parent, free_port
 from sibylla.settings import Settings
 
 __all__ = ["WorkerProcess"]
@@ -29,23 +30,37 @@ class WorkerProcess:
         self.proc: subprocess.Popen[bytes] | None = None
 
     def start(self, ready_timeout_s: float = 120.0) -> WorkerProcess:
-        """Start it and wait until its HTTP server answers."""
+        """Start it and wait until *its* HTTP server answers.
+
+        The metrics name the worker's pid, so another server that happens to hold the port is
+        not taken for this worker; if the port was taken, the worker is restarted on another.
+        """
+        for _ in range(3):
+            if self._start_once(ready_timeout_s):
+                return self
+            self.settings = dataclasses.replace(self.settings, web_port=free_port())
+        raise RuntimeError(f"worker could not bind a web port:\n{self.tail()}")
+
+    def _start_once(self, ready_timeout_s: float) -> bool:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         with open(self.log_path, "ab") as out:
             self.proc = subprocess.Popen(
                 [sys.executable, "-m", "sibylla", "worker"], stdout=out,
                 stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
                 preexec_fn=die_with_parent, env={**os.environ, **self.settings.to_env()})
-        url = f"http://{self.settings.web_host}:{self.settings.web_port}/metrics"
+        mine = f'sibylla_worker_info{{pid="{self.proc.pid}"}}'
         deadline = time.monotonic() + ready_timeout_s
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
+                if "address already in use" in self.tail():
+                    return False
                 raise RuntimeError(f"worker exited with {self.proc.returncode}:\n{self.tail()}")
             try:
-                with urllib.request.urlopen(url, timeout=1):
-                    return self
+                if mine in self.metrics_text():
+                    return True
             except OSError:
-                time.sleep(0.2)
+                pass
+            time.sleep(0.2)
         self.stop()
         raise RuntimeError(f"worker not ready within {ready_timeout_s:.0f}s:\n{self.tail()}")
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 __all__ = ["WorkerMetrics"]
@@ -46,6 +48,9 @@ class WorkerMetrics:
                                        buckets=_LATENCY_BUCKETS, registry=r)
         self.consumer_lag = Gauge("sibylla_consumer_lag", "End offset minus committed offset.",
                                   ["topic", "partition"], registry=r)
+        self.worker_info = Gauge("sibylla_worker_info", "This worker process (value 1).",
+                                 ["pid"], registry=r)
+        self.worker_info.labels(pid=str(os.getpid())).set(1)
         self.model_info = Gauge("sibylla_model_info", "The model making decisions (value 1).",
                                 ["version"], registry=r)
         self.failure_rate = Gauge("sibylla_node_failure_rate_per_node_day",

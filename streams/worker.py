@@ -87,7 +87,7 @@ def _register_reliability(pipeline: Pipeline) -> None:
 def build_worker(settings: Settings, classifier: Classifier | None = None) -> Pipeline:
     """The pipeline with every agent, timer and page registered (not running yet)."""
     if classifier is None:
-        from sibylla.inference.engine import load_classifier
+        from sibylla.inference import load_classifier
 
         classifier = load_classifier(settings.model_path or None, settings.device,
                                      settings.min_confidence)

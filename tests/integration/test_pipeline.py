@@ -65,7 +65,7 @@ def test_failed_jobs_get_one_decision_and_completed_jobs_none(broker, unique_pre
         assert got["job-shape"].evidence, "a decision names the lines that drove it"
         assert got["job-shape"].model_version
 
-        base = f"http://127.0.0.1:{settings.web_port}"
+        base = f"http://127.0.0.1:{worker.settings.web_port}"
         with urllib.request.urlopen(f"{base}/decisions/job-nccl", timeout=5) as resp:
             assert json.loads(resp.read())["verdict"] == "nondeterministic"
         with pytest.raises(urllib.error.HTTPError) as missing:
