@@ -68,7 +68,8 @@ PHASES = {
 # lost decision.
 WORKER_COUNTERS = ("sibylla_log_lines_ingested_total", "sibylla_job_events_total",
                    "sibylla_decisions_total", "sibylla_dead_letters_total",
-                   "sibylla_inference_batch_size_count", "sibylla_inference_batch_size_sum")
+                   "sibylla_inference_batch_size_count", "sibylla_inference_batch_size_sum",
+                   "sibylla_inference_batch_seconds_sum")
 
 TARGETS = {
     "batched_lines_per_s": 200_000,
