@@ -96,7 +96,9 @@ class WorkerProcess:
             self.kill()
 
     def __enter__(self) -> WorkerProcess:
-        return self.start()
+        if self.proc is None or self.proc.poll() is not None:
+            self.start()
+        return self
 
     def __exit__(self, *exc: object) -> None:
         self.stop()

@@ -157,7 +157,9 @@ class BrokerProcess:
             proc.wait()
 
     def __enter__(self) -> BrokerProcess:
-        return self.start()
+        if self._proc is None or self._proc.poll() is not None:
+            self.start()
+        return self
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
