@@ -10,6 +10,7 @@ import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from .api import LogWindow
@@ -51,8 +52,7 @@ def encode_window(window: LogWindow, vocab: Vocabulary, max_tokens: int = MAX_TO
 def pad_batch(seqs: Sequence[Sequence[int]]) -> torch.Tensor:
     """(B, T) long tensor, right-padded with 0; T is the longest sequence (at least 1)."""
     width = max(1, max((len(s) for s in seqs), default=1))
-    out = torch.zeros((len(seqs), width), dtype=torch.long)
+    out = np.zeros((len(seqs), width), dtype=np.int64)
     for i, seq in enumerate(seqs):
-        if seq:
-            out[i, : len(seq)] = torch.tensor(seq, dtype=torch.long)
-    return out
+        out[i, : len(seq)] = seq
+    return torch.from_numpy(out)

@@ -19,6 +19,7 @@ on exactly what it sees in production.
 
 from __future__ import annotations
 
+import functools
 import logging
 import re
 from collections.abc import Iterable, Sequence
@@ -72,15 +73,45 @@ _SECRETS = [
 # is several times cheaper than running each pattern (serving preprocesses every kept line).
 _SECRET_HINT = re.compile(r"(?i)pass|pwd|secret|key|token|bearer|authoriz|hf[_-]|gh[pos][_-]"
                           r"|github_pat|sk[_-]|xox[abp]|akia|eyj|://")
+# The same search on a lower-cased ASCII line: without IGNORECASE, several times faster, and
+# exact there (Unicode case folding only differs from ASCII lower-casing on non-ASCII text).
+_SECRET_HINT_LOWER = re.compile(_SECRET_HINT.pattern.removeprefix("(?i)"))
+
+# Unicode ``\s`` also matches these four ASCII control characters; ASCII-mode patterns do not.
+_UNICODE_ONLY_SPACE = re.compile(r"[\x1c-\x1f]")
+
+
+def _ascii_mode(pattern: re.Pattern[str]) -> re.Pattern[str]:
+    """``pattern`` in ASCII mode: faster, and the same matches on :func:`_plain_ascii` text."""
+    return re.compile(pattern.pattern, (pattern.flags & ~re.UNICODE) | re.ASCII)
+
+
+def _plain_ascii(line: str) -> bool:
+    r"""Whether ASCII-mode patterns match ``line`` exactly as the Unicode ones do.
+
+    On ASCII text ``\d``, ``\w``, ``\b`` and IGNORECASE agree between the two modes; only
+    ``\s`` differs, on ``\x1c``-``\x1f``.
+    """
+    return line.isascii() and _UNICODE_ONLY_SPACE.search(line) is None
+
+
+def _redact(line: str, plain: bool) -> str:
+    if plain:
+        if not _SECRET_HINT_LOWER.search(line.lower()):
+            return line
+        patterns = _SECRETS_ASCII
+    else:
+        if not _SECRET_HINT.search(line):
+            return line
+        patterns = _SECRETS
+    for pattern in patterns:
+        line = pattern.sub(lambda m: m.group(1) + "<secret>", line)
+    return line
 
 
 def redact(line: str) -> str:
     """``line`` with every credential-looking value replaced by ``<secret>``."""
-    if not _SECRET_HINT.search(line):
-        return line
-    for pattern in _SECRETS:
-        line = pattern.sub(lambda m: m.group(1) + "<secret>", line)
-    return line
+    return _redact(line, _plain_ascii(line))
 
 
 # Order matters: the most specific shapes first, so a UUID is not masked as hex and numbers,
@@ -107,19 +138,40 @@ _MASKS: list[tuple[re.Pattern[str], str]] = [
 ]
 
 
+_SECRETS_ASCII = [_ascii_mode(pattern) for pattern in _SECRETS]
+_MASKS_ASCII = [(_ascii_mode(pattern), placeholder) for pattern, placeholder in _MASKS]
+
 _DIGIT = re.compile(r"\d")
-# Timestamps, hex and numbers cannot match a line without a digit (placeholders add none):
-# skipping them there halves the cost of masking the typical line.
-_NEEDS_DIGIT = {2, 5, 6}  # indices in _MASKS
+
+
+def _may_match(i: int, line: str, has_digit: bool) -> bool:
+    """False when ``_MASKS[i]`` cannot match ``line``: a character it needs is missing.
+
+    Cheap substring tests skip most of the regex scans of a typical line. Placeholders add no
+    digit, so ``has_digit`` of the unmasked line stays an upper bound.
+    """
+    if i == 0:  # URL
+        return "://" in line
+    if i == 1:  # UUID
+        return "-" in line
+    if i == 3:  # IPv4 (dots and digits) or IPv6 (colons)
+        return ":" in line or (has_digit and "." in line)
+    if i == 4:  # path
+        return "/" in line or "\\" in line
+    return has_digit  # timestamps, hex, numbers
+
+
+def _mask(line: str, plain: bool) -> str:
+    has_digit = _DIGIT.search(line) is not None
+    for i, (pattern, placeholder) in enumerate(_MASKS_ASCII if plain else _MASKS):
+        if _may_match(i, line, has_digit):
+            line = pattern.sub(placeholder, line)
+    return line
 
 
 def mask(line: str) -> str:
     """``line`` with job-specific values replaced by placeholders (see module docstring)."""
-    has_digit = _DIGIT.search(line) is not None
-    for i, (pattern, placeholder) in enumerate(_MASKS):
-        if has_digit or i not in _NEEDS_DIGIT:
-            line = pattern.sub(placeholder, line)
-    return line
+    return _mask(line, _plain_ascii(line))
 
 
 def window_from_text(
@@ -154,16 +206,23 @@ class Line(NamedTuple):
 SEPARATOR_LINE = Line("", SEPARATOR)
 
 
-def _prepare(lines: Iterable[str], skip: set[str]) -> list[Line]:
-    """Redacted and masked lines, dropping blanks and repeats (ranks print the same error)."""
+def _prepare(lines: Iterable[str], skip: set[str], done: dict[str, Line]) -> list[Line]:
+    """Redacted and masked lines, dropping blanks and repeats (ranks print the same error).
+
+    ``done`` remembers each raw line already prepared: a line printed again (by another rank,
+    or in both the error block and the tail) is redacted and masked once.
+    """
     out = []
     for line in lines:
-        shown = redact(line)
-        masked = mask(shown)
-        key = masked.strip()
+        prepared = done.get(line)
+        if prepared is None:
+            plain = _plain_ascii(line)
+            shown = _redact(line, plain)
+            prepared = done[line] = Line(shown.strip(), _mask(shown, plain))
+        key = prepared.masked.strip()
         if key and key not in skip:
             skip.add(key)
-            out.append(Line(shown.strip(), masked))
+            out.append(prepared)
     return out
 
 
@@ -174,13 +233,20 @@ def select_lines(window: LogWindow, max_tail: int = 48) -> tuple[list[Line], lis
     process died, and the lines before are mostly progress noise.
     """
     seen: set[str] = set()
-    first = _prepare(window.first_error, seen)
-    tail = _prepare(window.tail, seen)[-max_tail:]
+    done: dict[str, Line] = {}
+    first = _prepare(window.first_error, seen, done)
+    tail = _prepare(window.tail, seen, done)[-max_tail:]
     return first, tail
 
 
 _CAMEL = re.compile(r"(?<=[a-z])(?=[A-Z])|(?<=[A-Z])(?=[A-Z][a-z])")
 _TOKEN = re.compile(r"<[a-z]+>|[A-Za-z]+|[^\sA-Za-z0-9_]")
+
+
+@functools.lru_cache(maxsize=1 << 16)
+def _word_parts(word: str) -> tuple[str, ...]:
+    """Lower-cased CamelCase parts of one alphabetic word (log vocabularies repeat: cached)."""
+    return tuple(part.lower() for part in _CAMEL.split(word) if part)
 
 
 def tokenize(line: str, max_tokens: int = 64) -> list[str]:
@@ -191,10 +257,8 @@ def tokenize(line: str, max_tokens: int = 64) -> list[str]:
     """
     out: list[str] = []
     for tok in _TOKEN.findall(line):
-        if tok.startswith("<") and tok.endswith(">") and len(tok) > 2:
-            out.append(tok)
-        elif tok[0].isalpha():
-            out.extend(part.lower() for part in _CAMEL.split(tok) if part)
+        if tok[0].isalpha():  # placeholders start with "<" and stay whole, like punctuation
+            out.extend(_word_parts(tok))
         else:
             out.append(tok)
         if len(out) >= max_tokens:
