@@ -91,7 +91,10 @@ def build_app(settings: Settings) -> Topology:
     labels = app.topic(t("labels"), **RAW, **part)
 
     def table(name: str) -> Any:
-        return app.Table(name, partitions=settings.partitions, schema=faust.Schema(**RAW))
+        # The store picks its serializer from value_type (not from the schema): bytes keeps
+        # values raw in the RocksDB store too.
+        return app.Table(name, partitions=settings.partitions, key_type=bytes,
+                         value_type=bytes, schema=faust.Schema(**RAW))
 
     return Topology(
         settings=settings, app=app, logs=logs, job_events=job_events,

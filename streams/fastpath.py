@@ -35,7 +35,7 @@ from faust.types import ProducerT, TransportT
 __all__ = ["FETCH_MAX_WAIT_MS", "PRODUCER_BUFFER_MAX_MESSAGES", "SibyllaApp"]
 
 FETCH_MAX_WAIT_MS = 50
-PRODUCER_BUFFER_MAX_MESSAGES = 20_000
+PRODUCER_BUFFER_MAX_MESSAGES = 2_000  # bounded: the buffered records sit in memory
 
 
 def _is_wait_of(coro: Any, event: Any) -> bool:

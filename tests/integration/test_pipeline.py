@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 import urllib.error
 import urllib.request
 from collections import Counter
@@ -140,7 +141,11 @@ def test_a_killed_worker_loses_no_line_and_no_decision(broker, unique_prefix: st
     worker = start_worker(settings, tmp_path, "first")
     try:
         asyncio.run(first_half())
-        # Kill it while it is still taking in the first half.
+        # Kill it once it has taken in part of the first half (windows and offsets in flight).
+        deadline = time.monotonic() + 60
+        while (metric(worker.metrics_text(), "sibylla_log_lines_ingested_total") == 0
+               and time.monotonic() < deadline):
+            time.sleep(0.05)
         worker.kill()
     finally:
         worker.kill()
