@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from sibylla.settings import ENV_PREFIX, SettingsError, _check_bounds, _parse
+from sibylla.settings import ENV_PREFIX, SettingsError, check_bounds, parse_setting
 
 __all__ = ["OnlineSettings"]
 
@@ -74,14 +74,15 @@ class OnlineSettings:
         for f in fields.values():
             raw = env.get(ENV_PREFIX + f.name.upper())
             if raw is not None:
-                values[f.name] = _parse(f, raw, source=ENV_PREFIX + f.name.upper())
+                values[f.name] = parse_setting(f, raw, source=ENV_PREFIX + f.name.upper())
         for name, value in overrides.items():
             if name not in fields:
                 raise SettingsError(f"unknown setting {name!r}")
             if value is not None:
-                values[name] = _parse(fields[name], value, source=f"--{name.replace('_', '-')}")
+                values[name] = parse_setting(fields[name], value,
+                                             source=f"--{name.replace('_', '-')}")
         return cls(**values)
 
     def __post_init__(self) -> None:
         for f in dataclasses.fields(self):
-            _check_bounds(f, getattr(self, f.name), f.name)
+            check_bounds(f, getattr(self, f.name), f.name)

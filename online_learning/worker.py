@@ -34,7 +34,7 @@ from sibylla.schemas.records import Decision, ModelAnnouncement, RecordError, pa
 from sibylla.streams.agents import Pipeline
 from sibylla.streams.app import RAW
 from sibylla.streams.keys import attempt_key, partition_of, split_key
-from sibylla.streams.state import live_items
+from sibylla.streams.state import live_get, live_items
 
 from .announce import AnnouncementError, verify
 from .metrics import VoteMetrics
@@ -73,7 +73,8 @@ class OnlineLearning:
                              settings.label_min_margin)
         ws = pipeline.settings
         app = pipeline.t.app
-        self.votes = app.Table("votes", partitions=ws.partitions, schema=faust.Schema(**RAW))
+        self.votes = app.Table("votes", partitions=ws.partitions, key_type=bytes,
+                               value_type=bytes, schema=faust.Schema(**RAW))
         self.label_votes = app.topic(ws.topic("label-votes"), internal=True,
                                      partitions=ws.partitions, **RAW)
         self.metrics = VoteMetrics(pipeline.metrics.registry)
@@ -90,7 +91,7 @@ class OnlineLearning:
 
     # ---------------------------------------------------------------- votes table
     def _get(self, job_id: str, attempt: int) -> AttemptRecord | None:
-        raw = self.votes.get(attempt_key(job_id, attempt))
+        raw = live_get(self.votes, attempt_key(job_id, attempt))
         return AttemptRecord.from_bytes(raw) if raw is not None else None
 
     async def _put(self, record: AttemptRecord) -> None:
@@ -141,12 +142,12 @@ class OnlineLearning:
             except RecordError:
                 continue  # the terminations agent dead-letters it
             if job.event == "finished" and job.state == "COMPLETED" and job.attempt > 0:
-                self.p._in_event(stream, event)
+                self.p.in_event(event)
                 await self._outcome(job.job_id, job.attempt - 1, True, None)
             partition, now = event.message.partition, time.time()
             if now - self._last_sweep.get(partition, 0.0) > SWEEP_EVERY_S:
                 self._last_sweep[partition] = now
-                self.p._in_event(stream, event)
+                self.p.in_event(event)
                 self.expire(partition, now)
 
     def expire(self, partition: int, now: float) -> int:
@@ -167,7 +168,7 @@ class OnlineLearning:
             except RecordError as exc:
                 log.warning("bad operator label %r: %s", event.message.value[:200], exc)
                 continue
-            self.p._in_event(stream, event)
+            self.p.in_event(event)
             record = self._get(job_id, attempt) or AttemptRecord(job_id, attempt,
                                                                  created_at=time.time())
             self.metrics.votes.labels(kind="operator").inc()

@@ -15,7 +15,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, get_args
 
-__all__ = ["Settings", "SettingsError", "add_settings_arguments", "settings_from_args"]
+__all__ = ["Settings", "SettingsError", "add_settings_arguments", "check_bounds",
+           "parse_setting", "settings_from_args"]
 
 ENV_PREFIX = "SIBYLLA_"
 
@@ -148,19 +149,19 @@ class Settings:
         for f in dataclasses.fields(cls):
             raw = env.get(ENV_PREFIX + f.name.upper())
             if raw is not None:
-                values[f.name] = _parse(f, raw, source=ENV_PREFIX + f.name.upper())
+                values[f.name] = parse_setting(f, raw, source=ENV_PREFIX + f.name.upper())
         for name, value in overrides.items():
             if value is None:
                 continue
             known = _FIELDS.get(name)
             if known is None:
                 raise SettingsError(f"unknown setting {name!r}")
-            values[name] = _parse(known, value, source=f"--{name.replace('_', '-')}")
+            values[name] = parse_setting(known, value, source=f"--{name.replace('_', '-')}")
         return cls(**values)
 
     def __post_init__(self) -> None:
         for f in dataclasses.fields(self):
-            _check_bounds(f, getattr(self, f.name), f.name)
+            check_bounds(f, getattr(self, f.name), f.name)
         if self.security_protocol.startswith("SASL") and not self.sasl_username:
             raise SettingsError("sasl_username: required when security_protocol uses SASL")
 
@@ -171,7 +172,7 @@ _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"0", "false", "no", "off"}
 
 
-def _parse(f: dataclasses.Field[Any], raw: Any, source: str) -> Any:
+def parse_setting(f: dataclasses.Field[Any], raw: Any, source: str) -> Any:
     t = f.type
     if not isinstance(raw, str):
         return raw
@@ -204,7 +205,7 @@ def _parse(f: dataclasses.Field[Any], raw: Any, source: str) -> Any:
         raise SettingsError(f"{source}={raw!r}: {exc}") from None
 
 
-def _check_bounds(f: dataclasses.Field[Any], value: Any, name: str) -> None:
+def check_bounds(f: dataclasses.Field[Any], value: Any, name: str) -> None:
     lo, hi = f.metadata.get("min"), f.metadata.get("max")
     if lo is not None and value < lo:
         raise SettingsError(f"{name}={value!r}: must be >= {lo}")

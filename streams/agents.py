@@ -128,7 +128,7 @@ class Pipeline:
             key=job_id.encode(), value=orjson.dumps({"job_id": job_id, "attempt": attempt}),
             force=True)
 
-    def _in_event(self, event: Any) -> None:
+    def in_event(self, event: Any) -> None:
         # faust routes a table write to the changelog partition of the *current event*; in a
         # take_events() batch the agent's task has none, so name it (same partition: the
         # agent is isolated per partition). Only the task's context variable is set, never
@@ -178,7 +178,7 @@ class Pipeline:
             lines += len(chunk.lines)
             nbytes += len(msg.value)
         if touched:
-            self._in_event(events[-1])
+            self.in_event(events[-1])
             for key, window in touched.items():
                 self.store.save(key, window)
         for job_id, attempt in ended:
@@ -191,7 +191,7 @@ class Pipeline:
             m.late_lines.inc(late)
         if now - self._windows_swept.get(partition, 0.0) > SWEEP_EVERY_S:
             self._windows_swept[partition] = now
-            self._in_event(events[-1])
+            self.in_event(events[-1])
             self._expire_windows(partition, now)
         m.active_windows.set(len(cache))
 
@@ -236,7 +236,7 @@ class Pipeline:
         if live_get(self.t.decided, key) or live_get(self.t.pending, key):
             return  # a replay: the attempt is already being (or was) decided
         partition = event.message.partition
-        self._in_event(event)
+        self.in_event(event)
         if not job.failed:
             self._release(partition, key)
             return
@@ -253,7 +253,7 @@ class Pipeline:
             # high-water mark is stale for partitions paused by flow control.
             tp = TP(self.t.logs.get_topic_name(), partition)
             log_end = (await self.t.app.consumer.highwaters(tp)).get(tp)
-            self._in_event(event)
+            self.in_event(event)
         self.t.pending[key] = orjson.dumps(
             {"event": job.to_dict(), "event_time": event_time, "deadline": time.time() + grace,
              "log_end": log_end})
@@ -335,7 +335,7 @@ class Pipeline:
         now = time.time()
         if now - self._decisions_swept.get(partition, 0.0) > SWEEP_EVERY_S:
             self._decisions_swept[partition] = now
-            self._in_event(events[-1])
+            self.in_event(events[-1])
             self._expire_decisions(partition, now)
         if not todo:
             return
@@ -347,7 +347,7 @@ class Pipeline:
             decision = make_decision(job, window, prediction, version, time.time(), event_time)
             value = decision.to_json()
             await self.t.decisions.send(key=job.job_id.encode(), value=value, force=True)
-            self._in_event(event)
+            self.in_event(event)
             self.t.decided[key] = value
             self.t.latest[job.job_id] = str(job.attempt).encode()
             del self.t.pending[key]

@@ -21,7 +21,7 @@ __all__ = ["COPARTITIONED", "ensure_topics"]
 log = logging.getLogger(__name__)
 
 # Contract topics keyed by job_id that must share the partition count.
-COPARTITIONED = ("logs", "job-events", "decisions", "labels")
+COPARTITIONED = ("logs", "job-events", "decisions", "labels", "label-votes")
 
 
 async def ensure_topics(settings: Settings) -> None:

@@ -19,6 +19,7 @@ from faust.web import Request, Response, View
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from sibylla.inference.api import Classifier
+from sibylla.online_learning.worker import register as register_online_learning
 from sibylla.settings import Settings
 from sibylla.streams.agents import Pipeline
 from sibylla.streams.app import build_app
@@ -93,6 +94,7 @@ def build_worker(settings: Settings, classifier: Classifier | None = None) -> Pi
                                      settings.min_confidence)
     pipeline = Pipeline(build_app(settings), classifier)
     pipeline.register()
+    register_online_learning(pipeline)
     _register_pages(pipeline)
     _register_lag(pipeline)
     _register_reliability(pipeline)

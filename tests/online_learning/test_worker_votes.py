@@ -48,7 +48,7 @@ def fake_pipeline() -> Any:
         settings=Settings.from_env({}), t=SimpleNamespace(app=FakeApp(), labels=labels),
         metrics=SimpleNamespace(registry=CollectorRegistry()), decided_hooks=[],
         classifier=SimpleNamespace(version="v0"), swapped=[])
-    p._in_event = lambda stream, event: None
+    p.in_event = lambda event: None
     p.swap_classifier = p.swapped.append
     return p
 
