@@ -85,8 +85,9 @@ async def run_trainer(settings: Settings, online: OnlineSettings) -> None:
         if current is not None:  # workers converge on it even if the topic was recreated
             await announce(settings, online, store, current, producer)
         topic = settings.topic("labels")
-        tps = [TopicPartition(topic, p)
-               for p in sorted(consumer.partitions_for_topic(topic) or {0})]
+        # Every partition of the topic (co-partitioned: settings.partitions of them); asking
+        # the consumer's metadata right after start can miss a topic it has not fetched yet.
+        tps = [TopicPartition(topic, p) for p in range(settings.partitions)]
         consumer.assign(tps)
         await consumer.seek_to_beginning(*tps)
         log.info("trainer running: model %s, models in %s", trainer.classifier.version,

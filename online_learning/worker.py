@@ -203,6 +203,7 @@ class OnlineLearning:
                                     enable_auto_commit=False, **ws.kafka_client_options())
         await consumer.start()
         try:
+            await consumer.topics()  # load metadata: the topic may be new to this client
             partitions = consumer.partitions_for_topic(topic) or {0}
             tps = [TopicPartition(topic, p) for p in sorted(partitions)]
             consumer.assign(tps)
