@@ -20,8 +20,11 @@ __all__ = ["COPARTITIONED", "ensure_topics"]
 
 log = logging.getLogger(__name__)
 
-# Contract topics keyed by job_id that must share the partition count.
-COPARTITIONED = ("logs", "job-events", "decisions", "labels", "label-votes")
+# Topics keyed by job_id that must share the partition count. The internal ones (decide-requests,
+# label-votes) are created here too: left to faust, a topic created moments before the group's
+# first assignment can be missing from the broker's metadata, and faust's assignor then skips
+# it ("Ignoring missing topic") until a later rebalance: no decisions meanwhile (seen on Kafka).
+COPARTITIONED = ("logs", "job-events", "decisions", "labels", "decide-requests", "label-votes")
 
 
 async def ensure_topics(settings: Settings) -> None:
