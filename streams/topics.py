@@ -9,7 +9,9 @@ existing topic has the wrong count.
 
 from __future__ import annotations
 
+import asyncio
 import logging
+import time
 
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.errors import TopicAlreadyExistsError
@@ -25,6 +27,11 @@ log = logging.getLogger(__name__)
 # first assignment can be missing from the broker's metadata, and faust's assignor then skips
 # it ("Ignoring missing topic") until a later rebalance: no decisions meanwhile (seen on Kafka).
 COPARTITIONED = ("logs", "job-events", "decisions", "labels", "decide-requests", "label-votes")
+# The worker's tables (faust names their changelogs "<group>-<table>-changelog"). Created here for
+# the same reason; faust also reported a just-created changelog with no partitions yet and
+# stopped the agent that wrote to it ("PartitionsMismatch").
+TABLES = ("windows", "window-chunks", "pending", "decided", "latest", "votes")
+SETTLE_S = 30.0  # longest wait for the broker's metadata to show every partition
 
 
 async def ensure_topics(settings: Settings) -> None:
@@ -38,6 +45,9 @@ async def ensure_topics(settings: Settings) -> None:
         wanted.append(NewTopic(settings.topic("deadletter"), 1, settings.replication_factor))
         wanted.append(NewTopic(settings.topic("models"), 1, settings.replication_factor,
                                topic_configs={"cleanup.policy": "compact"}))
+        wanted += [NewTopic(f"{settings.group_id}-{t}-changelog", settings.partitions,
+                            settings.replication_factor,
+                            topic_configs={"cleanup.policy": "compact"}) for t in TABLES]
         existing = set(await admin.list_topics())
         missing = [t for t in wanted if t.name not in existing]
         for topic in missing:
@@ -46,12 +56,19 @@ async def ensure_topics(settings: Settings) -> None:
                 log.info("created topic %s (%d partitions)", topic.name, topic.num_partitions)
             except TopicAlreadyExistsError:
                 pass
-        described = await admin.describe_topics([settings.topic(n) for n in COPARTITIONED])
-        for info in described:
-            count = len(info.get("partitions", []))
-            if count and count != settings.partitions:
-                raise SettingsError(
-                    f"partitions: topic {info['topic']} has {count} partitions, Sibylla is "
-                    f"configured for {settings.partitions}; they must match (co-partitioning)")
+        names = [t.name for t in wanted if t.num_partitions == settings.partitions]
+        deadline = time.monotonic() + SETTLE_S
+        while True:
+            counts = {info["topic"]: len(info.get("partitions", []))
+                      for info in await admin.describe_topics(names)}
+            for name, count in counts.items():
+                if count and count != settings.partitions:
+                    raise SettingsError(
+                        f"partitions: topic {name} has {count} partitions, Sibylla is "
+                        f"configured for {settings.partitions}; they must match "
+                        "(co-partitioning)")
+            if all(counts.get(n) for n in names) or time.monotonic() > deadline:
+                return
+            await asyncio.sleep(0.2)  # created, not yet in the metadata
     finally:
         await admin.close()
