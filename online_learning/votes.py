@@ -31,7 +31,7 @@ import orjson
 
 from sibylla.inference.api import ERROR_START, LogWindow, Prediction
 from sibylla.inference.preprocess import mask, redact
-from sibylla.schemas.records import Label, RecordError, Vote
+from sibylla.schemas.records import Label, RecordError, Vote, job_key, load_json_object
 
 __all__ = [
     "OPERATOR",
@@ -109,17 +109,9 @@ def operator_request(job_id: str, attempt: int, label: str) -> bytes:
 def parse_operator_request(value: bytes) -> tuple[str, int, TrueLabel]:
     """(job_id, attempt, label) of an operator's label; :class:`RecordError` says what is
     wrong with a bad one."""
-    try:
-        raw = orjson.loads(value)
-    except orjson.JSONDecodeError as exc:
-        raise RecordError(f"invalid JSON: {exc}") from None
-    if not isinstance(raw, dict):
-        raise RecordError("not a JSON object")
-    job_id, attempt, label = raw.get("job_id"), raw.get("attempt"), raw.get("label")
-    if not isinstance(job_id, str) or not job_id:
-        raise RecordError("job_id must be a non-empty string")
-    if type(attempt) is not int or attempt < 0:
-        raise RecordError("attempt must be an integer >= 0")
+    raw = load_json_object(value)
+    job_id, attempt = job_key(raw)
+    label = raw.get("label")
     if label not in ("deterministic", "nondeterministic"):
         raise RecordError("label must be deterministic or nondeterministic")
     return job_id, attempt, label

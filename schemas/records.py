@@ -29,6 +29,8 @@ __all__ = [
     "ModelAnnouncement",
     "RecordError",
     "Vote",
+    "job_key",
+    "load_json_object",
     "parse_job_event",
     "parse_log_record",
 ]
@@ -107,7 +109,19 @@ def _as_int(value: Any) -> int | None:
     return None
 
 
-def _job_key(record: dict[str, Any]) -> tuple[str, int]:
+def load_json_object(value: bytes) -> dict[str, Any]:
+    """A record's JSON object; :class:`RecordError` when it is not one."""
+    try:
+        record = orjson.loads(value)
+    except orjson.JSONDecodeError as exc:
+        raise RecordError(f"invalid JSON or UTF-8: {exc}") from None
+    if not isinstance(record, dict):
+        raise RecordError("record is not a JSON object")
+    return record
+
+
+def job_key(record: dict[str, Any]) -> tuple[str, int]:
+    """A record's validated (job_id, attempt); the attempt defaults to 0."""
     job_id = record.get("job_id")
     if not isinstance(job_id, str) or not job_id:
         raise RecordError("missing job_id (a non-empty string)")
@@ -139,15 +153,10 @@ def parse_log_record(
     value: bytes, max_line_bytes: int, field_map: FieldMap | None = None
 ) -> LogChunk:
     """Parse one record of the logs topic, a LogLine or a LogBatch, into a :class:`LogChunk`."""
-    try:
-        record = orjson.loads(value)
-    except orjson.JSONDecodeError as exc:
-        raise RecordError(f"invalid JSON or UTF-8: {exc}") from None
-    if not isinstance(record, dict):
-        raise RecordError("record is not a JSON object")
+    record = load_json_object(value)
     if field_map is not None:
         field_map.apply(record)
-    job_id, attempt = _job_key(record)
+    job_id, attempt = job_key(record)
     eos = record.get("eos", False)
     if type(eos) is not bool:
         raise RecordError("eos must be a boolean")
@@ -195,13 +204,8 @@ class JobEvent:
 
 def parse_job_event(value: bytes) -> JobEvent:
     """Parse one record of the job-events topic."""
-    try:
-        record = orjson.loads(value)
-    except orjson.JSONDecodeError as exc:
-        raise RecordError(f"invalid JSON or UTF-8: {exc}") from None
-    if not isinstance(record, dict):
-        raise RecordError("record is not a JSON object")
-    job_id, attempt = _job_key(record)
+    record = load_json_object(value)
+    job_id, attempt = job_key(record)
     event = record.get("event")
     if event not in ("started", "finished"):
         raise RecordError("event must be started or finished")
