@@ -15,7 +15,7 @@ import time
 import urllib.request
 from pathlib import Path
 
-from sibylla.brokers.process import die_with_parent, free_port
+from sibylla.brokers.process import die_with_parent, free_port, stop_process_group
 from sibylla.settings import Settings
 
 __all__ = ["WorkerProcess"]
@@ -87,13 +87,8 @@ class WorkerProcess:
 
     def stop(self, timeout_s: float = 30.0) -> None:
         """SIGTERM and wait (a graceful leave: the group rebalances at once)."""
-        if self.proc is None or self.proc.poll() is not None:
-            return
-        os.killpg(self.proc.pid, signal.SIGTERM)
-        try:
-            self.proc.wait(timeout_s)
-        except subprocess.TimeoutExpired:
-            self.kill()
+        if self.proc is not None:
+            stop_process_group(self.proc, timeout_s)
 
     def __enter__(self) -> WorkerProcess:
         if self.proc is None or self.proc.poll() is not None:

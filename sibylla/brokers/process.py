@@ -19,9 +19,21 @@ from collections.abc import Sequence
 from pathlib import Path
 
 __all__ = ["BrokerProcess", "BrokerStartError", "die_with_parent", "free_port",
-           "wait_for_kafka"]
+           "stop_process_group", "wait_for_kafka"]
 
 log = logging.getLogger(__name__)
+
+
+def stop_process_group(proc: subprocess.Popen[bytes], timeout_s: float) -> None:
+    """SIGTERM a child's process group, SIGKILL it if it has not ended within ``timeout_s``."""
+    if proc.poll() is not None:
+        return
+    os.killpg(proc.pid, signal.SIGTERM)
+    try:
+        proc.wait(timeout_s)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
 
 
 def die_with_parent() -> None:
@@ -147,14 +159,8 @@ class BrokerProcess:
 
     def stop(self, timeout_s: float = 15.0) -> None:
         proc, self._proc = self._proc, None
-        if proc is None or proc.poll() is not None:
-            return
-        os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout_s)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
+        if proc is not None:
+            stop_process_group(proc, timeout_s)
 
     def __enter__(self) -> BrokerProcess:
         if self._proc is None or self._proc.poll() is not None:
