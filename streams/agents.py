@@ -36,6 +36,8 @@ from sibylla.schemas.records import (
     FieldMap,
     JobEvent,
     RecordError,
+    job_key,
+    load_json_object,
     parse_job_event,
     parse_log_record,
 )
@@ -311,9 +313,8 @@ class Pipeline:
         todo: dict[str, tuple[Any, JobEvent, float, LogWindow]] = {}
         for event in events:
             try:
-                request = orjson.loads(event.message.value)
-                key = attempt_key(request["job_id"], request["attempt"])
-            except (orjson.JSONDecodeError, KeyError, TypeError) as exc:
+                key = attempt_key(*job_key(load_json_object(event.message.value)))
+            except RecordError as exc:
                 await self._dead_letter(event, f"bad decide request: {exc}", "decide")
                 continue
             if key in todo:
