@@ -234,7 +234,12 @@ def parse_job_event(value: bytes) -> JobEvent:
 
 @dataclass(frozen=True, slots=True)
 class Decision:
-    """Sibylla's verdict on one failed attempt; the scheduler acts on ``action``."""
+    """Sibylla's verdict on one failed attempt; the scheduler acts on ``action``.
+
+    ``explored``: the verdict was ``deterministic`` but the action is ``default_policy``
+    (exploration), so that the retry's outcome tells whether the verdict was right. Absent in
+    decisions written before the field existed, which parse as False.
+    """
 
     job_id: str
     attempt: int
@@ -249,6 +254,7 @@ class Decision:
     latency_ms: float
     state: str = ""
     line_count: int = 0
+    explored: bool = False
     schema_version: int = SCHEMA_VERSION
 
     def to_json(self) -> bytes:

@@ -90,6 +90,13 @@ class Settings:
         0.0, "Below this confidence the verdict is unknown; 0 means the model's threshold.",
         min=0.0, max=1.0,
     )
+    explore_rate: float = _setting(
+        0.0, "Share of deterministic verdicts sent as default_policy instead of do_not_retry "
+        "(marked explored), so the scheduler retries them and the retry's outcome votes in "
+        "online learning. Costs that share of rightly stopped jobs one more failing run. "
+        "0 turns exploration off.",
+        min=0.0, max=1.0,
+    )
 
     # --- worker -------------------------------------------------------------------------------
     store: StoreKind = _setting("rocksdb", "Table store: rocksdb (production) or memory.")
@@ -207,6 +214,8 @@ def parse_setting(f: dataclasses.Field[Any], raw: Any, source: str) -> Any:
 
 def check_bounds(f: dataclasses.Field[Any], value: Any, name: str) -> None:
     lo, hi = f.metadata.get("min"), f.metadata.get("max")
+    if (lo is not None or hi is not None) and value != value:
+        raise SettingsError(f"{name}={value!r}: must be a number")  # NaN passes every bound
     if lo is not None and value < lo:
         raise SettingsError(f"{name}={value!r}: must be >= {lo}")
     if hi is not None and value > hi:

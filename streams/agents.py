@@ -345,7 +345,8 @@ class Pipeline:
         predictions = iter(await self.batcher.submit_many(to_classify) if to_classify else [])
         for key, (event, job, event_time, window) in todo.items():
             prediction = None if window.empty else next(predictions)
-            decision = make_decision(job, window, prediction, version, time.time(), event_time)
+            decision = make_decision(job, window, prediction, version, time.time(), event_time,
+                                     explore_rate=self.settings.explore_rate)
             value = decision.to_json()
             await self.t.decisions.send(key=job.job_id.encode(), value=value, force=True)
             self.in_event(event)
@@ -355,6 +356,8 @@ class Pipeline:
             self._release(partition, key)
             self._requested.pop(key, None)
             self.metrics.decisions.labels(verdict=decision.verdict, action=decision.action).inc()
+            if decision.explored:
+                self.metrics.explored.inc()
             self.metrics.decision_latency.observe(decision.latency_ms / 1000.0)
             for hook in self.decided_hooks:
                 await hook(window, decision)

@@ -38,6 +38,9 @@ class WorkerMetrics:
                                   ["event", "state"], registry=r)
         self.decisions = Counter("sibylla_decisions", "Decisions published, by verdict.",
                                  ["verdict", "action"], registry=r)
+        self.explored = Counter("sibylla_decisions_explored",
+                                "Deterministic verdicts sent as default_policy (exploration).",
+                                registry=r)
         self.decision_latency = Histogram("sibylla_decision_latency_seconds",
                                           "From the termination event to its decision.",
                                           buckets=_LATENCY_BUCKETS, registry=r)

@@ -6,10 +6,12 @@ how sure it is; this module says what a scheduler should do about it.
 
 from __future__ import annotations
 
+import hashlib
+
 from sibylla.inference.api import LogWindow, Prediction
 from sibylla.schemas.records import Action, Decision, JobEvent
 
-__all__ = ["NO_LOG_CATEGORY", "RETRY_ELSEWHERE_CATEGORIES", "make_decision"]
+__all__ = ["NO_LOG_CATEGORY", "RETRY_ELSEWHERE_CATEGORIES", "explore_draw", "make_decision"]
 
 NO_LOG_CATEGORY = "no_log"
 
@@ -31,6 +33,15 @@ def _action(prediction: Prediction, event: JobEvent) -> Action:
     return "default_policy"
 
 
+def explore_draw(job_id: str, attempt: int) -> float:
+    """A number in [0, 1) fixed by the attempt: an attempt is explored when it is below the
+    rate. A hash, not a random draw, so a decision made again after a crash (replay) is the
+    same; the prefix keeps it independent of other hashes of the attempt (the trainer's
+    hold-out choice)."""
+    digest = hashlib.sha256(f"explore\x00{job_id}\x00{attempt}".encode()).digest()
+    return int.from_bytes(digest[:8], "big") / 2.0**64
+
+
 def make_decision(
     event: JobEvent,
     window: LogWindow,
@@ -38,15 +49,27 @@ def make_decision(
     model_version: str,
     decided_at: float,
     event_time: float,
+    *,
+    explore_rate: float = 0.0,
 ) -> Decision:
     """The decision for a failed attempt.
 
     ``prediction`` is None when the attempt printed nothing: with no evidence Sibylla does not
     guess, the verdict is ``unknown`` and the scheduler keeps its default policy.
+
+    ``explore_rate``: the share of ``deterministic`` verdicts whose action becomes
+    ``default_policy`` (the decision is marked ``explored``), so that the scheduler retries them
+    and the retry's outcome votes on the verdict in online learning; otherwise a
+    ``do_not_retry`` job never gets an outcome vote. The verdict, confidence and category stay
+    the model's.
     """
     if prediction is None or window.empty:
         prediction = Prediction("unknown", 0.0, NO_LOG_CATEGORY, [])
     action = _action(prediction, event)
+    explored = (prediction.verdict == "deterministic"
+                and explore_draw(event.job_id, event.attempt) < explore_rate)
+    if explored:
+        action = "default_policy"
     return Decision(
         job_id=event.job_id,
         attempt=event.attempt,
@@ -61,4 +84,5 @@ def make_decision(
         latency_ms=round(max(0.0, decided_at - event_time) * 1000.0, 3),
         state=event.state or "",
         line_count=window.line_count,
+        explored=explored,
     )

@@ -2,10 +2,17 @@
 
 from __future__ import annotations
 
+import argparse
+
 import pytest
 
 from sibylla.cli import main
-from sibylla.settings import Settings, SettingsError
+from sibylla.settings import (
+    Settings,
+    SettingsError,
+    add_settings_arguments,
+    settings_from_args,
+)
 
 
 def test_environment_variables_are_typed() -> None:
@@ -23,6 +30,10 @@ def test_environment_variables_are_typed() -> None:
     ({"SIBYLLA_PARTITIONS": "0"}, "partitions"),
     ({"SIBYLLA_STORE": "redis"}, "SIBYLLA_STORE"),
     ({"SIBYLLA_MIN_CONFIDENCE": "1.5"}, "min_confidence"),
+    ({"SIBYLLA_EXPLORE_RATE": "1.5"}, "explore_rate=1.5: must be <= 1"),
+    ({"SIBYLLA_EXPLORE_RATE": "-0.1"}, "explore_rate=-0.1: must be >= 0"),
+    ({"SIBYLLA_EXPLORE_RATE": "nan"}, "explore_rate=nan: must be a number"),
+    ({"SIBYLLA_EXPLORE_RATE": "ten percent"}, "SIBYLLA_EXPLORE_RATE"),
     ({"SIBYLLA_SECURITY_PROTOCOL": "SASL_PLAINTEXT"}, "sasl_username"),
 ])
 def test_a_bad_value_names_the_setting(env: dict[str, str], named: str) -> None:
@@ -30,8 +41,20 @@ def test_a_bad_value_names_the_setting(env: dict[str, str], named: str) -> None:
         Settings.from_env(env)
 
 
+def test_exploration_is_off_by_default_and_set_by_variable_or_flag() -> None:
+    assert Settings.from_env({}).explore_rate == 0.0
+    assert Settings.from_env({"SIBYLLA_EXPLORE_RATE": "0.05"}).explore_rate == 0.05
+    parser = argparse.ArgumentParser()
+    add_settings_arguments(parser)
+    args = parser.parse_args(["--explore-rate", "0.2"])
+    assert settings_from_args(args, env={"SIBYLLA_EXPLORE_RATE": "0.05"}).explore_rate == 0.2
+    shown = " ".join(parser.format_help().split())
+    assert "--explore-rate" in shown and "rightly stopped jobs one more failing run" in shown
+
+
 def test_round_trip_through_child_process_environment() -> None:
-    s = Settings.from_env({}, partitions="6", topic_prefix="x.", web_port="0")
+    s = Settings.from_env({}, partitions="6", topic_prefix="x.", web_port="0",
+                          explore_rate="0.1")
     assert Settings.from_env(s.to_env()) == s
 
 

@@ -78,6 +78,36 @@ def test_failed_jobs_get_one_decision_and_completed_jobs_none(broker, unique_pre
         assert 'sibylla_decisions_total{action="do_not_retry",verdict="deterministic"} 1.0' in text
 
 
+def test_with_exploration_a_deterministic_verdict_is_sent_as_default_policy(
+        broker, unique_prefix: str, tmp_path: Path) -> None:
+    """SIBYLLA_EXPLORE_RATE reaches the worker's policy: at 1.0 every deterministic verdict is
+    explored (marked, counted), a transient one is not."""
+    settings = make_settings(broker.bootstrap_servers, unique_prefix, tmp_path,
+                             explore_rate=1.0)
+    with start_worker(settings, tmp_path) as worker:
+
+        async def scenario() -> list:
+            async with Shipper(settings) as shipper:
+                await _ship_job(shipper, "job-shape", DETERMINISTIC_LOG, "FAILED")
+                await _ship_job(shipper, "job-nccl", NONDETERMINISTIC_LOG, "FAILED")
+                await shipper.flush()
+            return await collect_decisions(settings, {"job-shape", "job-nccl"}, timeout_s=90)
+
+        got = {d.job_id: d for d in asyncio.run(scenario())}
+        assert set(got) == {"job-shape", "job-nccl"}, worker.tail()
+        shape, nccl = got["job-shape"], got["job-nccl"]
+        assert (shape.verdict, shape.action, shape.explored) == (
+            "deterministic", "default_policy", True)
+        assert nccl.verdict == "nondeterministic" and not nccl.explored
+        base = f"http://127.0.0.1:{worker.settings.web_port}"
+        with urllib.request.urlopen(f"{base}/decisions/job-shape", timeout=5) as resp:
+            assert json.loads(resp.read())["explored"] is True
+        text = worker.metrics_text()
+        assert metric(text, "sibylla_decisions_explored_total") == 1
+        assert ('sibylla_decisions_total{action="default_policy",verdict="deterministic"} 1.0'
+                in text)
+
+
 def test_bad_records_go_to_the_dead_letter_topic_and_the_worker_goes_on(
         broker, unique_prefix: str, tmp_path: Path) -> None:
     settings = make_settings(broker.bootstrap_servers, unique_prefix, tmp_path,

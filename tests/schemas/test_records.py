@@ -132,3 +132,31 @@ def test_a_decision_is_valid_against_its_published_schema() -> None:
                         ["SyntaxError: invalid syntax"], "gru-1", 1.0, 12.5)
     jsonschema.validate(orjson.loads(decision.to_json()), DECISION)
     assert Decision.from_json(decision.to_json()) == decision
+
+
+def test_an_explored_decision_round_trips_and_is_valid_against_the_schema() -> None:
+    decision = Decision("j", 0, "deterministic", 0.97, "syntax_error", "default_policy", [],
+                        ["SyntaxError: invalid syntax"], "gru-1", 1.0, 12.5, explored=True)
+    raw = orjson.loads(decision.to_json())
+    assert raw["explored"] is True
+    jsonschema.validate(raw, DECISION)
+    assert Decision.from_json(decision.to_json()) == decision
+    assert orjson.loads(Decision.from_json(decision.to_json()).to_json())["explored"] is True
+
+
+def test_a_decision_written_before_exploration_existed_still_parses() -> None:
+    # As published by earlier workers (and still on the topic): no "explored" field.
+    old = {"job_id": "j", "attempt": 1, "verdict": "deterministic", "confidence": 0.99,
+           "category": "syntax_error", "action": "do_not_retry", "avoid_nodes": [],
+           "evidence": ["SyntaxError"], "model_version": "gru-1", "decided_at": 1.0,
+           "latency_ms": 3.0, "state": "FAILED", "line_count": 4, "schema_version": 1}
+    jsonschema.validate(old, DECISION)
+    decision = Decision.from_json(orjson.dumps(old))
+    assert (decision.action, decision.explored) == ("do_not_retry", False)
+
+
+def test_the_schema_refuses_an_explored_flag_that_is_not_a_boolean() -> None:
+    decision = orjson.loads(Decision("j", 0, "deterministic", 0.97, "syntax_error",
+                                     "default_policy", [], [], "gru-1", 1.0, 12.5).to_json())
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate({**decision, "explored": "yes"}, DECISION)
