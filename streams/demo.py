@@ -1,28 +1,38 @@
-"""``sibylla demo``: the whole path on one machine, with nothing installed beforehand.
+"""``sibylla demo``: the whole loop on one machine, with nothing installed beforehand.
 
-Starts Tansu (unless bootstrap servers are configured) and a worker, replays bundled real
-failed-job logs the way a shipper and a scheduler hook would, prints each decision as it comes,
-and exits 0 once every job is decided.
+Starts Tansu (unless bootstrap servers are configured), a worker and a trainer; replays bundled
+real failed-job logs the way a shipper and a scheduler hook would and prints each decision;
+retries the jobs Sibylla did not stop (a transient failure's retry completes, a deterministic
+one fails again) and prints the labels the votes make; waits for the trainer's gated
+fine-tune, prints its scores, and shows the next decision stamped with the promoted model.
+Exits 0 when all of that happened within the timeout.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import random
+import re
 import sys
 import tempfile
 import time
-from collections.abc import Sequence
+import urllib.request
+from collections.abc import Coroutine, Sequence
 from contextlib import ExitStack
 from pathlib import Path
+from typing import Any, TypeVar
 
 from sibylla.brokers.launchers import tansu
 from sibylla.brokers.process import free_port
 from sibylla.inference.corpus import Record, load_records, packaged_path
-from sibylla.schemas.records import Decision, JobEvent
+from sibylla.online_learning.service import run_trainer
+from sibylla.online_learning.settings import OnlineSettings
+from sibylla.online_learning.store import ModelEntry, ModelStore
+from sibylla.schemas.records import Decision, JobEvent, Label, ModelAnnouncement
 from sibylla.settings import Settings
-from sibylla.streams.follow import follow_decisions
+from sibylla.streams.follow import follow, follow_decisions
 from sibylla.streams.launch import WorkerProcess
 from sibylla.streams.ship import Shipper
 from sibylla.streams.topics import ensure_topics
@@ -30,6 +40,13 @@ from sibylla.streams.topics import ensure_topics
 __all__ = ["pick_demo_jobs", "run_demo"]
 
 DEMO_CORPORA = ("real_public_a.jsonl", "real_public_d.jsonl")
+# The online-learning loop on a demo's scale: a fine-tune after a handful of labels, gentle
+# enough for a handful (2 epochs at 1e-3: the default recipe, sized for hundreds of labels, can
+# cost a held-out real log on five and be refused), no trainer metrics port (the demo may run
+# beside a real trainer).
+DEMO_ONLINE = OnlineSettings(finetune_every=4, finetune_epochs=2, finetune_lr=1e-3,
+                             trainer_metrics_port=0)
+T = TypeVar("T")
 _COLUMNS = ("job", "verdict", "conf", "category", "action", "evidence")
 
 
@@ -57,35 +74,220 @@ def _print_decision(decision: Decision, truth: Record) -> None:
           flush=True)
 
 
-async def _replay_and_collect(settings: Settings, jobs: Sequence[Record], timeout_s: float
-                              ) -> int:
-    await ensure_topics(settings)
-    truth = {f"demo-{r.id}": r for r in jobs}
+async def _ship_attempt(shipper: Shipper, job_id: str, attempt: int, record: Record,
+                        completed: bool) -> None:
+    """What a scheduler hook and a log shipper publish for one attempt: its start, its log
+    (a failed attempt prints the same failure again) and its end."""
+    nodes = (f"gpu-node-{(len(job_id) + attempt) % 7:02d}",)
+    await shipper.send_event(JobEvent(job_id, attempt, "started", nodes=nodes, gpus=8))
+    if completed:
+        await shipper.send_lines(job_id, ["resumed from the last checkpoint",
+                                          "training finished"], attempt, eos=True)
+        await shipper.send_event(JobEvent(job_id, attempt, "finished", "COMPLETED", 0, None,
+                                          nodes, 8))
+    else:
+        await shipper.send_lines(job_id, record.log.splitlines(), attempt, eos=True,
+                                 batch_lines=50)
+        await shipper.send_event(JobEvent(job_id, attempt, "finished", "FAILED", 1, None, nodes,
+                                          8))
+
+
+async def _decide_all(settings: Settings, jobs: dict[str, Record], timeout_s: float
+                      ) -> dict[str, Decision]:
+    """Ship attempt 0 of every job; print each decision as it comes."""
     async with Shipper(settings) as shipper:
-        for job_id, record in truth.items():
-            # A scheduler hook reports the start, the shipper streams the log, the hook
-            # reports the failure.
-            nodes = (f"gpu-node-{len(job_id) % 7:02d}",)
-            await shipper.send_event(JobEvent(job_id, 0, "started", nodes=nodes, gpus=8))
-            await shipper.send_lines(job_id, record.log.splitlines(), eos=True, batch_lines=50)
-            await shipper.send_event(JobEvent(job_id, 0, "finished", "FAILED", 1, None, nodes,
-                                              8))
+        for job_id, record in jobs.items():
+            await _ship_attempt(shipper, job_id, 0, record, completed=False)
         await shipper.flush()
     print(_row(_COLUMNS), flush=True)
-    seen: set[str] = set()
+    decided: dict[str, Decision] = {}
+
+    async def collect() -> None:
+        async with contextlib.aclosing(follow_decisions(settings)) as decisions:
+            async for decision in decisions:
+                if (decision.job_id in jobs and decision.attempt == 0
+                        and decision.job_id not in decided):
+                    decided[decision.job_id] = decision
+                    _print_decision(decision, jobs[decision.job_id])
+                if len(decided) == len(jobs):
+                    return
+
+    await _within(collect(), timeout_s)
+    return decided
+
+
+async def _retry_and_label(settings: Settings, jobs: dict[str, Record],
+                           decided: dict[str, Decision], timeout_s: float) -> int:
+    """The scheduler retries what Sibylla did not stop; a transient failure's retry completes,
+    a deterministic one fails the same way. The workers turn each outcome into a vote and a
+    majority into a Label, printed as it comes. Returns how many labels came."""
+    retried = {job_id: jobs[job_id] for job_id, d in decided.items()
+               if d.action != "do_not_retry"}
+    print(f"\n== the scheduler retries the {len(retried)} jobs not stopped; each outcome votes "
+          "on the first attempt's true class ==", flush=True)
+    async with Shipper(settings) as shipper:
+        for job_id, record in retried.items():
+            await _ship_attempt(shipper, job_id, 1, record,
+                                completed=record.label == "nondeterministic")
+        await shipper.flush()
+    labeled: set[str] = set()
+
+    async def collect() -> None:
+        async with contextlib.aclosing(follow(settings, "labels", Label.from_json)) as labels:
+            async for label in labels:
+                if label.job_id in retried and label.job_id not in labeled:
+                    labeled.add(label.job_id)
+                    votes = ", ".join(f"{v.source}={v.label[:5]}. ({v.weight:g})"
+                                      for v in label.votes)
+                    print(f"label  {label.job_id:<18} {label.label:<16} votes: {votes}",
+                          flush=True)
+                if labeled == set(retried):
+                    return
+
+    await _within(collect(), timeout_s)
+    return len(labeled)
+
+
+async def _first_candidate(online: OnlineSettings, timeout_s: float) -> ModelEntry | None:
+    """The trainer's first candidate, promoted or refused (the demo's labels make one)."""
+    async def poll() -> ModelEntry:
+        store = ModelStore(online.models_dir)
+        while not (made := [e for e in store.entries() if e.status != "base"]):
+            await asyncio.sleep(0.5)
+        return made[0]
+
+    return await _within(poll(), timeout_s)
+
+
+async def _announcement(settings: Settings, version: str, timeout_s: float
+                        ) -> ModelAnnouncement | None:
+    """The announcement of ``version`` on sibylla.models (what the workers act on)."""
+    async def first() -> ModelAnnouncement | None:
+        announced = follow(settings, "models", ModelAnnouncement.from_json)
+        async with contextlib.aclosing(announced) as announcements:
+            async for ann in announcements:
+                if ann.version == version:
+                    return ann
+        return None
+
+    return await _within(first(), timeout_s)
+
+
+def _print_models(online: OnlineSettings) -> None:
+    """Every candidate the trainer made, with both models' scores and the gate's result."""
+    store = ModelStore(online.models_dir)
+    for entry in store.entries():
+        if entry.status == "base":
+            continue
+        print(f"candidate {entry.version} (from {entry.parent}, {entry.scores.get('n_new')} "
+              f"new labels + {entry.scores.get('n_replay')} replayed): {entry.status.upper()}",
+              flush=True)
+        for model in ("current", "candidate"):
+            parts = entry.scores.get(model, {})
+            scores = "; ".join(f"{part}: accuracy {s['accuracy']:.3f}, deterministic precision "
+                               + (f"{s['det_precision']:.3f}" if s["det_decided"] else "-")
+                               + f" (n={s['n']})" for part, s in parts.items() if s.get("n"))
+            print(f"  {model:<9} {scores}", flush=True)
+        for reason in entry.reasons:
+            print(f"  refused: {reason}", flush=True)
+
+
+async def _serve_with_new_model(settings: Settings, jobs: dict[str, Record], version: str,
+                                timeout_s: float) -> bool:
+    """Wait until the worker has swapped the model in, then show a new failure decided by it."""
     deadline = time.monotonic() + timeout_s
-    async for decision in follow_decisions(settings, from_beginning=True, idle_timeout_s=None):
-        if decision.job_id in truth and decision.job_id not in seen:
-            seen.add(decision.job_id)
-            _print_decision(decision, truth[decision.job_id])
-        if seen == set(truth) or time.monotonic() > deadline:
-            break
-    missing = set(truth) - seen
+    while await _worker_model(settings) != version:
+        if time.monotonic() > deadline:
+            return False
+        await asyncio.sleep(0.5)
+    job_id, record = next(iter(jobs.items()))
+    new_id = f"{job_id}-rerun"
+    async with Shipper(settings) as shipper:
+        await _ship_attempt(shipper, new_id, 0, record, completed=False)
+        await shipper.flush()
+
+    async def decided() -> Decision | None:
+        async with contextlib.aclosing(follow_decisions(settings)) as decisions:
+            async for decision in decisions:
+                if decision.job_id == new_id:
+                    return decision
+        return None
+
+    decision = await _within(decided(), deadline - time.monotonic())
+    if decision is None:
+        return False
+    print(f"\n== a new failure, decided by the promoted model ==\n{decision.job_id}: "
+          f"{decision.verdict} ({decision.confidence:.2f}), {decision.action}, "
+          f"model_version={decision.model_version}", flush=True)
+    return decision.model_version == version
+
+
+async def _within(step: Coroutine[Any, Any, T], timeout_s: float) -> T | None:
+    """``step``'s result, or None when it has not finished within ``timeout_s``."""
+    try:
+        return await asyncio.wait_for(step, max(0.0, timeout_s))
+    except TimeoutError:
+        return None
+
+
+async def _worker_model(settings: Settings) -> str | None:
+    """The version on the worker's ``sibylla_model_info`` gauge (None while unreachable)."""
+    def scrape() -> str | None:
+        url = f"http://{settings.web_host}:{settings.web_port}/metrics"
+        try:
+            with urllib.request.urlopen(url, timeout=2) as response:
+                text = response.read().decode()
+        except OSError:
+            return None
+        found = re.search(r'^sibylla_model_info\{version="([^"]+)"\} 1\.0$', text, re.M)
+        return found.group(1) if found else None
+
+    return await asyncio.to_thread(scrape)
+
+
+async def _demo(settings: Settings, online: OnlineSettings, jobs: Sequence[Record],
+                timeout_s: float) -> int:
+    await ensure_topics(settings)
+    truth = {f"demo-{r.id}": r for r in jobs}
+    deadline = time.monotonic() + timeout_s
+    decided = await _decide_all(settings, truth, timeout_s)
+    missing = set(truth) - set(decided)
     if missing:
         print(f"no decision within {timeout_s:.0f}s for: {', '.join(sorted(missing))}",
               file=sys.stderr)
         return 1
-    return 0
+    labels = await _retry_and_label(settings, truth, decided, deadline - time.monotonic())
+    # Started once the labels are out, so that it reads them all at once from the topic's start
+    # and the demo's one fine-tune trains on the same examples every time.
+    trainer = asyncio.create_task(run_trainer(settings, online))
+    try:
+        print(f"\n== the trainer reads the labels, fine-tunes once {online.finetune_every} or "
+              "more are new, gates the candidate on logs it never trained on, announces it ==",
+              flush=True)
+        candidate = await _first_candidate(online, deadline - time.monotonic())
+        _print_models(online)
+        if candidate is None or candidate.status != "promoted":
+            print(f"no model promoted ({labels} labels; "
+                  f"{'the gate refused the candidate' if candidate else 'no candidate'})",
+                  file=sys.stderr)
+            return 1
+        ann = await _announcement(settings, candidate.version, deadline - time.monotonic())
+        if ann is None:
+            print(f"{candidate.version} was not announced within {timeout_s:.0f}s",
+                  file=sys.stderr)
+            return 1
+        print(f"promoted and announced on {settings.topic('models')}: {ann.version} "
+              f"(sha256 {ann.sha256[:12]}…, {ann.uri})", flush=True)
+        if not await _serve_with_new_model(settings, truth, ann.version,
+                                           deadline - time.monotonic()):
+            print(f"the worker did not swap in {ann.version} within {timeout_s:.0f}s",
+                  file=sys.stderr)
+            return 1
+        return 0
+    finally:
+        trainer.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await trainer
 
 
 def run_demo(settings: Settings, per_category: int, timeout_s: float) -> int:
@@ -103,4 +305,5 @@ def run_demo(settings: Settings, per_category: int, timeout_s: float) -> int:
         worker = stack.enter_context(WorkerProcess(settings, workdir / "worker.log"))
         print(f"worker pid {worker.pid}; metrics on http://{settings.web_host}:"
               f"{settings.web_port}/metrics; replaying {len(jobs)} failed jobs", file=sys.stderr)
-        return asyncio.run(_replay_and_collect(settings, jobs, timeout_s))
+        online = dataclasses.replace(DEMO_ONLINE, models_dir=workdir / "models")
+        return asyncio.run(_demo(settings, online, jobs, timeout_s))

@@ -1,23 +1,35 @@
-"""Reading the decisions topic, as a scheduler does."""
+"""Reading a Sibylla topic as its users do: the decisions (a scheduler), the labels and the
+model announcements (the demo, an operator's script)."""
 
 from __future__ import annotations
 
 import sys
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
+from typing import TypeVar
 
 from aiokafka import AIOKafkaConsumer
 
 from sibylla.schemas.records import Decision
 from sibylla.settings import Settings
 
-__all__ = ["follow_decisions", "print_decisions"]
+__all__ = ["follow", "follow_decisions", "print_decisions"]
+
+R = TypeVar("R")
 
 
-async def follow_decisions(settings: Settings, from_beginning: bool = True,
-                           idle_timeout_s: float | None = None) -> AsyncIterator[Decision]:
+def follow_decisions(settings: Settings, from_beginning: bool = True,
+                     idle_timeout_s: float | None = None) -> AsyncIterator[Decision]:
     """Decisions as they are published; stops after ``idle_timeout_s`` without one."""
+    return follow(settings, "decisions", Decision.from_json, from_beginning, idle_timeout_s)
+
+
+async def follow(settings: Settings, topic: str, parse: Callable[[bytes], R],
+                 from_beginning: bool = True, idle_timeout_s: float | None = None
+                 ) -> AsyncIterator[R]:
+    """The records of ``settings.topic(topic)`` parsed, as they are published (no consumer
+    group: nothing is committed); stops after ``idle_timeout_s`` without one."""
     consumer = AIOKafkaConsumer(
-        settings.topic("decisions"), bootstrap_servers=settings.bootstrap_servers,
+        settings.topic(topic), bootstrap_servers=settings.bootstrap_servers,
         auto_offset_reset="earliest" if from_beginning else "latest",
         enable_auto_commit=False, **settings.kafka_client_options())
     await consumer.start()
@@ -29,7 +41,7 @@ async def follow_decisions(settings: Settings, from_beginning: bool = True,
                 return
             for records in batch.values():
                 for record in records:
-                    yield Decision.from_json(record.value)
+                    yield parse(record.value)
     finally:
         await consumer.stop()
 
