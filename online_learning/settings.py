@@ -52,12 +52,12 @@ class OnlineSettings:
     replay_size: int = _setting(2000, "Older examples kept for replay (per verdict class).",
                                 min=1)
     replay_ratio: float = _setting(
-        1.0, "Replayed examples per new example in a fine-tune.", min=0.0)
+        2.0, "Replayed examples per new example in a fine-tune.", min=0.0)
     holdout_every: int = _setting(
         5, "Every Nth label goes to the validation set and is never trained on.", min=2)
     holdout_size: int = _setting(500, "Most recent held-back labels kept.", min=1)
-    finetune_epochs: int = _setting(2, "Epochs of one fine-tune.", min=1)
-    finetune_lr: float = _setting(1e-3, "Learning rate of a fine-tune.", min=0.0)
+    finetune_epochs: int = _setting(8, "Epochs of one fine-tune.", min=1)
+    finetune_lr: float = _setting(3e-3, "Learning rate of a fine-tune.", min=0.0)
     gate_tolerance: float = _setting(
         0.01, "A candidate may be this much less accurate than the current model.", min=0.0)
     gate_precision_tolerance: float = _setting(
