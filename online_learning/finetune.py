@@ -35,9 +35,10 @@ log = logging.getLogger(__name__)
 NEW_ROW_STD = 0.02  # new embedding rows: near zero, so they barely move the model untrained
 
 
-def grow_vocabulary(checkpoint: Checkpoint, examples: Sequence[Example], min_count: int
-                    ) -> Checkpoint:
-    """A copy of ``checkpoint`` whose vocabulary also holds the frequent new tokens."""
+def grow_vocabulary(checkpoint: Checkpoint, examples: Sequence[Example], min_count: int,
+                    seed: int = 0) -> Checkpoint:
+    """A copy of ``checkpoint`` whose vocabulary also holds the frequent new tokens (their
+    rows drawn from a generator seeded with ``seed``: the same labels make the same model)."""
     known = checkpoint.vocab.index
     counts: Counter[str] = Counter()
     for ex in examples:
@@ -50,7 +51,8 @@ def grow_vocabulary(checkpoint: Checkpoint, examples: Sequence[Example], min_cou
     grown = RecurrentClassifier(config)
     state = model.state_dict()
     old = state["embed.weight"]  # (V_old, E)
-    state["embed.weight"] = torch.cat([old, torch.randn(len(new), old.shape[1]) * NEW_ROW_STD])
+    rows = torch.randn(len(new), old.shape[1], generator=torch.Generator().manual_seed(seed))
+    state["embed.weight"] = torch.cat([old, rows * NEW_ROW_STD])
     grown.load_state_dict(state)
     grown.eval()
     log.info("vocabulary grows by %d tokens to %d", len(new), config.vocab_size)
@@ -72,7 +74,7 @@ def fine_tune(checkpoint: Checkpoint, examples: Sequence[Example], epochs: int, 
     Labels are real logs, but the stream already varies them, so no augmented copies are made
     (``real_copies=0``): a fine-tune costs one pass per example per epoch.
     """
-    base = grow_vocabulary(checkpoint, examples, min_count)
+    base = grow_vocabulary(checkpoint, examples, min_count, seed)
     config = _config_of(base, epochs=epochs, lr=lr, seed=seed, real_copies=0, synthetic=0,
                         real_files=())
     return train_model(examples, config, init_from=base)

@@ -140,3 +140,16 @@ def test_after_a_rollback_the_trainer_fine_tunes_the_rolled_back_model(
             ModelStore(tmp_path).set_current("base-0")  # the operator's `models rollback`
     t.step("labels")
     assert seen == ["base-0", "base-0"]
+
+
+def test_the_same_labels_make_the_same_model() -> None:
+    """A fine-tune is reproducible: an operator can rebuild a candidate from its labels."""
+    train = examples(32)
+    current = tiny_checkpoint(train)
+    novel = [Example(f"FrobnicatorFault: zorblax quux failed on {i}\n" + NCCL_LOG,
+                     "nondeterministic", "collective_timeout", f"n{i}") for i in range(30)]
+    first, again = (fine_tune(current, novel + train[:10], epochs=1, lr=1e-3, seed=3)
+                    for _ in range(2))
+    assert first.vocab.tokens == again.vocab.tokens
+    assert all(torch.equal(a, b) for a, b in zip(first.model.state_dict().values(),
+                                                 again.model.state_dict().values(), strict=True))
