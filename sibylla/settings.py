@@ -97,6 +97,12 @@ class Settings:
         "0 turns exploration off.",
         min=0.0, max=1.0,
     )
+    explore_max_confidence: float = _setting(
+        1.0, "Explore only deterministic verdicts at most this confident (1: all). The wrong "
+        "ones are mostly the unsure ones, so e.g. 0.9 spends the explored retries where a "
+        "verdict is likely wrong.",
+        min=0.0, max=1.0,
+    )
 
     # --- worker -------------------------------------------------------------------------------
     store: StoreKind = _setting("rocksdb", "Table store: rocksdb (production) or memory.")

@@ -346,7 +346,8 @@ class Pipeline:
         for key, (event, job, event_time, window) in todo.items():
             prediction = None if window.empty else next(predictions)
             decision = make_decision(job, window, prediction, version, time.time(), event_time,
-                                     explore_rate=self.settings.explore_rate)
+                                     explore_rate=self.settings.explore_rate,
+                                     explore_max_confidence=self.settings.explore_max_confidence)
             value = decision.to_json()
             await self.t.decisions.send(key=job.job_id.encode(), value=value, force=True)
             self.in_event(event)

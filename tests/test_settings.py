@@ -33,6 +33,7 @@ def test_environment_variables_are_typed() -> None:
     ({"SIBYLLA_EXPLORE_RATE": "1.5"}, "explore_rate=1.5: must be <= 1"),
     ({"SIBYLLA_EXPLORE_RATE": "-0.1"}, "explore_rate=-0.1: must be >= 0"),
     ({"SIBYLLA_EXPLORE_RATE": "nan"}, "explore_rate=nan: must be a number"),
+    ({"SIBYLLA_EXPLORE_MAX_CONFIDENCE": "2"}, "explore_max_confidence=2.0: must be <= 1"),
     ({"SIBYLLA_EXPLORE_RATE": "ten percent"}, "SIBYLLA_EXPLORE_RATE"),
     ({"SIBYLLA_SECURITY_PROTOCOL": "SASL_PLAINTEXT"}, "sasl_username"),
 ])

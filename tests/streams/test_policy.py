@@ -137,3 +137,17 @@ def test_the_next_attempt_of_a_job_is_drawn_anew() -> None:
     # Exploration is by attempt: a job explored once is not explored on every attempt.
     explored = [_explore("job-retried", a, DETERMINISTIC, 0.5).explored for a in range(64)]
     assert 0 < sum(explored) < 64
+
+
+@given(job_ids, attempts, st.floats(0.0, 1.0), st.floats(0.0, 1.0))
+def test_exploration_can_be_kept_to_the_unsure_deterministic_verdicts(
+        job_id: str, attempt: int, confidence: float, bound: float) -> None:
+    """With a confidence bound, only verdicts at most that sure are ever retried to learn."""
+    prediction = Prediction("deterministic", confidence, "syntax_error", ["SyntaxError"])
+    event = JobEvent(job_id, attempt, "finished", "FAILED", 1, None, ("gpu-1",), 8)
+    d = make_decision(event, LogWindow(job_id, attempt, ["line"], [], 1), prediction, "m1",
+                      decided_at=10.25, event_time=10.0, explore_rate=1.0,
+                      explore_max_confidence=bound)
+    assert d.explored == (confidence <= bound)
+    assert d.action == ("default_policy" if confidence <= bound else "do_not_retry")
+    assert (d.verdict, d.confidence) == ("deterministic", round(confidence, 4))
