@@ -8,6 +8,7 @@ from pathlib import Path
 
 import yaml
 
+from sibylla.online_learning.metrics import VoteMetrics
 from sibylla.streams.metrics import WorkerMetrics
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -28,7 +29,9 @@ def test_compose_parses_and_every_mounted_file_exists() -> None:
 
 def test_the_dashboard_only_charts_metrics_the_worker_exports() -> None:
     dashboard = json.loads((ROOT / "deploy/grafana/dashboards/sibylla.json").read_text())
-    exported = {m.name for m in WorkerMetrics().registry.collect()}
+    worker = WorkerMetrics()
+    VoteMetrics(worker.registry)  # the online-learning agents a worker registers
+    exported = {m.name for m in worker.registry.collect()}
     for panel in dashboard["panels"]:
         for target in panel["targets"]:
             for name in re.findall(r"sibylla_[a-z_]+", target["expr"]):
