@@ -16,7 +16,9 @@ def register(subparsers: Any) -> None:
     p.set_defaults(func=_worker)
 
     p = subparsers.add_parser(
-        "demo", help="start Tansu and a worker, replay bundled failed jobs, print decisions")
+        "demo", help="start Tansu, a worker and the trainer; replay bundled failed jobs, print "
+        "decisions, retry the ones not stopped, print labels, the gated candidate and a "
+        "decision by the promoted model")
     p.add_argument("--jobs-per-class", type=int, default=2,
                    help="bundled logs replayed per failure category")
     p.add_argument("--timeout", type=float, default=120.0, help="give up after this many s")
