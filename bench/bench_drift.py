@@ -9,11 +9,13 @@ the robustness runs); votes become labels by the worker's rule; labels feed the 
 gated candidates replace the serving model. Everything runs in-process with the real
 components (votes, Trainer, fine-tune, gate): no broker.
 
-Scenarios: ``frozen`` (no learning), ``online`` (clean outcome votes), ``online-10%`` and
-``online-30%`` (that share of outcome votes wrong), ``adversarial`` (clean, plus a burst of
-operator labels, all wrong, right after the drift: the gate must reject what it produces).
+Scenarios (each on several streams, ``--seeds``): ``frozen`` (no learning); online learning
+with no exploration, with 10 % of ``do_not_retry`` verdicts retried to learn their outcome, and
+with 30 % of those at most 0.9 sure (the worker's ``explores`` rule); the previous fine-tune
+recipe; 10 % and 30 % of outcome votes wrong; and a burst of operator labels, all wrong, right
+after the drift (the gate must refuse what it produces).
 
-    python bench/bench_drift.py            # 7 scenarios x 4 streams, ~5 minutes on 2 cores
+    python bench/bench_drift.py            # 8 scenarios x 6 streams, ~8 minutes on 2 cores
 
 writes ``docs/img/drift_accuracy.png``, ``bench/results/drift.md`` and ``bench/results/
 drift.json``, and prints the table.
@@ -52,7 +54,7 @@ from sibylla.online_learning.votes import (
     tally,
 )
 from sibylla.schemas.records import Label, Vote
-from sibylla.streams.policy import explore_draw
+from sibylla.streams.policy import explores
 
 log = logging.getLogger("bench_drift")
 
@@ -79,6 +81,7 @@ class Scenario:
     name: str
     learn: bool
     explore: float = 0.0  # share of do_not_retry decisions retried anyway (for their outcome)
+    explore_max_confidence: float = 1.0  # ... among those at most this confident
     wrong_outcomes: float = 0.0
     adversarial: int = 0  # operator labels, all wrong, right after the drift onset
     online: tuple[tuple[str, Any], ...] = ()  # OnlineSettings overrides of this scenario
@@ -137,8 +140,8 @@ def run(scenario: Scenario, base: Checkpoint, jobs: list[Record], onset: int,
                     result.det_right.append((i, record.label == "deterministic"))
                 votes = committee_votes({"primary": p}, rule)
                 retried = p.verdict != "deterministic"
-                if (not retried and scenario.learn
-                        and explore_draw(f"job{i}", 0) < scenario.explore):  # the worker's rule
+                if scenario.learn and explores(f"job{i}", 0, p, scenario.explore,
+                                               scenario.explore_max_confidence):
                     retried = True
                     result.explored += 1
                     result.explored_wasted += record.label == "deterministic"
@@ -275,7 +278,7 @@ def plot(results: dict[str, list[Result]], onset: int, width: int, path: Path) -
                        f"(windows of {width} jobs; unknown counts wrong)")
     for ax in axes:
         ax.set_xlabel("failed jobs seen")
-        ax.set_ylim(0, 1)
+        ax.set_ylim(0.4, 1)
     axes[0].legend(loc="lower left", fontsize=8)
     fig.suptitle("Drift: accuracy over time with and without online learning")
     fig.tight_layout()
@@ -310,11 +313,14 @@ def one_run(scenario: Scenario, seed: int, base_path: Path, base_records: list[R
     return result
 
 
-def scenarios(explore: float, burst: int) -> list[Scenario]:
+def scenarios(explore: float, targeted: float, max_confidence: float, burst: int
+              ) -> list[Scenario]:
     e = explore
     return [Scenario("frozen", learn=False),
             Scenario("online, no exploration", learn=True),
             Scenario(f"online, explore {e:.0%}", learn=True, explore=e),
+            Scenario(f"online, explore {targeted:.0%} of those ≤ {max_confidence:g} sure",
+                     learn=True, explore=targeted, explore_max_confidence=max_confidence),
             Scenario(f"online, explore {e:.0%}, previous recipe", learn=True, explore=e,
                      online=PREVIOUS_RECIPE),
             Scenario("10% wrong outcomes", learn=True, explore=e, wrong_outcomes=0.1),
@@ -331,7 +337,10 @@ def main() -> None:
     parser.add_argument("--validation-logs", type=int, default=300)
     parser.add_argument("--explore", type=float, default=0.1,
                         help="share of do_not_retry decisions retried to learn their outcome")
-    parser.add_argument("--seeds", type=int, nargs="+", default=[5, 6, 7, 8],
+    parser.add_argument("--explore-targeted", type=float, default=0.3,
+                        help="the same, among the verdicts at most --explore-max-confidence sure")
+    parser.add_argument("--explore-max-confidence", type=float, default=0.9)
+    parser.add_argument("--seeds", type=int, nargs="+", default=[5, 6, 7, 8, 9, 10],
                         help="one stream (and trainer seed) per value; the table shows all")
     parser.add_argument("--processes", type=int, default=2)
     parser.add_argument("--figure", type=Path, default=ROOT / "docs/img/drift_accuracy.png")
@@ -341,7 +350,8 @@ def main() -> None:
     torch.set_num_threads(1)
     t0 = time.monotonic()
     base, base_records = base_model(args.base_logs)
-    plan = scenarios(args.explore, ONLINE.finetune_every)
+    plan = scenarios(args.explore, args.explore_targeted, args.explore_max_confidence,
+                     ONLINE.finetune_every)
     with tempfile.TemporaryDirectory() as tmp, \
             ProcessPoolExecutor(args.processes) as pool:
         base_path = save_checkpoint(base.model, base.vocab, base.meta, Path(tmp) / "base.st")
