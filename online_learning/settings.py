@@ -31,6 +31,9 @@ class OnlineSettings:
     outcome_weight: float = _setting(2.0, "Weight of the retry-outcome vote.", min=0.0)
     committee_weight: float = _setting(
         0.5, "Weight of one committee model's vote, times its confidence.", min=0.0)
+    committee: str = _setting(
+        "", "Extra models voting beside the deciding one, comma-separated: rules, tfidf, or "
+        "model file paths (see online_learning/committee.py).")
     label_min_weight: float = _setting(
         1.5, "Weight the winning label's votes must sum to.", min=0.0)
     label_min_margin: float = _setting(

@@ -37,6 +37,7 @@ from sibylla.streams.keys import attempt_key, partition_of, split_key
 from sibylla.streams.state import live_get, live_items
 
 from .announce import AnnouncementError, verify
+from .committee import build_committee
 from .metrics import VoteMetrics
 from .settings import OnlineSettings
 from .votes import (
@@ -247,9 +248,13 @@ def register(pipeline: Pipeline, committee: Mapping[str, Classifier] | None = No
              settings: OnlineSettings | None = None) -> OnlineLearning:
     """Add online learning to a worker's pipeline (before the app starts).
 
-    ``committee``: extra models (name -> classifier) whose verdicts vote beside the decision's;
+    ``committee``: extra models (name -> classifier) whose verdicts vote beside the decision's
+    (built from ``settings.committee`` when not given);
     ``settings``: from ``SIBYLLA_*`` variables when not given.
     """
-    loop = OnlineLearning(pipeline, settings or OnlineSettings.from_env(), committee or {})
+    settings = settings or OnlineSettings.from_env()
+    if committee is None:
+        committee = build_committee(settings.committee, pipeline.settings.device)
+    loop = OnlineLearning(pipeline, settings, committee)
     loop.register()
     return loop
