@@ -12,8 +12,8 @@ from __future__ import annotations
 import base64
 import time
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass, field
-from typing import Any, Literal
+from dataclasses import asdict, dataclass, field, fields
+from typing import Any, Literal, TypeVar
 
 import orjson
 
@@ -107,6 +107,21 @@ def _as_int(value: Any) -> int | None:
     if type(value) is float and value.is_integer():
         return int(value)
     return None
+
+
+R = TypeVar("R")
+
+
+def from_known_fields(cls: type[R], raw: Mapping[str, Any]) -> R:
+    """``cls`` from the fields it knows in ``raw``, ignoring the others.
+
+    The contract lets records gain fields without a new ``schema_version`` (CONVENTIONS.md), so
+    a reader must not fail on a field a newer writer added: an older ``sibylla decisions
+    --follow`` or worker meets the new fields during every rolling upgrade. A missing required
+    field still raises ``TypeError``.
+    """
+    known = {f.name for f in fields(cls)}  # type: ignore[arg-type]
+    return cls(**{k: v for k, v in raw.items() if k in known})
 
 
 def load_json_object(value: bytes) -> dict[str, Any]:
@@ -262,7 +277,7 @@ class Decision:
 
     @classmethod
     def from_json(cls, value: bytes) -> Decision:
-        return cls(**orjson.loads(value))
+        return from_known_fields(cls, orjson.loads(value))
 
 
 @dataclass(frozen=True, slots=True)
@@ -293,8 +308,8 @@ class Label:
     @classmethod
     def from_json(cls, value: bytes) -> Label:
         raw = orjson.loads(value)
-        raw["votes"] = [Vote(**v) for v in raw.get("votes", [])]
-        return cls(**raw)
+        raw["votes"] = [from_known_fields(Vote, v) for v in raw.get("votes", [])]
+        return from_known_fields(cls, raw)
 
 
 @dataclass(frozen=True, slots=True)
@@ -314,7 +329,7 @@ class ModelAnnouncement:
 
     @classmethod
     def from_json(cls, value: bytes) -> ModelAnnouncement:
-        return cls(**orjson.loads(value))
+        return from_known_fields(cls, orjson.loads(value))
 
 
 @dataclass(frozen=True, slots=True)

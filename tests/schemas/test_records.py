@@ -14,7 +14,10 @@ from hypothesis import strategies as st
 from sibylla.schemas.records import (
     Decision,
     FieldMap,
+    Label,
+    ModelAnnouncement,
     RecordError,
+    Vote,
     parse_job_event,
     parse_log_record,
 )
@@ -153,6 +156,25 @@ def test_a_decision_written_before_exploration_existed_still_parses() -> None:
     jsonschema.validate(old, DECISION)
     decision = Decision.from_json(orjson.dumps(old))
     assert (decision.action, decision.explored) == ("do_not_retry", False)
+
+
+def test_records_from_a_newer_writer_with_more_fields_still_parse() -> None:
+    """Records may gain fields without a new schema_version: an older reader (a scheduler's
+    follower, a worker during a rolling upgrade) takes what it knows and ignores the rest."""
+    decision = {**orjson.loads(Decision("j", 0, "deterministic", 0.97, "syntax_error",
+                                        "do_not_retry", [], [], "gru-1", 1.0, 12.5).to_json()),
+                "cost_gpu_hours": 12.0}
+    assert Decision.from_json(orjson.dumps(decision)).action == "do_not_retry"
+    label = {**orjson.loads(Label("j", 0, "deterministic", [Vote("outcome", "deterministic", 2.0)],
+                                  "log").to_json()), "cluster": "a100-east"}
+    label["votes"][0]["at"] = 5.0
+    assert Label.from_json(orjson.dumps(label)).votes == [Vote("outcome", "deterministic", 2.0)]
+    ann = {**orjson.loads(ModelAnnouncement("m", "v2", "ab" * 32, "file:///m/v2").to_json()),
+           "size": 123}
+    assert ModelAnnouncement.from_json(orjson.dumps(ann)).version == "v2"
+    del decision["verdict"]  # a missing field is still an error
+    with pytest.raises(TypeError):
+        Decision.from_json(orjson.dumps(decision))
 
 
 def test_the_schema_refuses_an_explored_flag_that_is_not_a_boolean() -> None:
