@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import logging
 import random
 import re
 import sys
@@ -291,6 +292,8 @@ async def _demo(settings: Settings, online: OnlineSettings, jobs: Sequence[Recor
 
 
 def run_demo(settings: Settings, per_category: int, timeout_s: float) -> int:
+    # The demo's own consumers (decisions, labels, models) would log every subscription.
+    logging.getLogger("aiokafka").setLevel(logging.WARNING)
     records = [r for name in DEMO_CORPORA for r in load_records(packaged_path(name))]
     jobs = pick_demo_jobs(records, per_category)
     with ExitStack() as stack:
