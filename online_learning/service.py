@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
+from collections.abc import Sequence
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
@@ -63,13 +64,19 @@ async def announce(settings: Settings, online: OnlineSettings, store: ModelStore
             await producer.stop()
 
 
-async def run_trainer(settings: Settings, online: OnlineSettings) -> None:
-    """Consume labels forever, fine-tuning and promoting as they come."""
+async def run_trainer(settings: Settings, online: OnlineSettings,
+                      real_validation: Sequence[Example] | None = None) -> None:
+    """Consume labels forever, fine-tuning and promoting as they come.
+
+    ``real_validation``: the gate's ``real`` part; the held-out real logs when not given (the
+    demo passes those it does not replay, so that no log it labels also judges the model).
+    """
     await ensure_topics(settings)
     store = ModelStore(online.models_dir)
     base = load_checkpoint(settings.model_path or None)
-    held_out = examples_from_records(load_records(packaged_path(REAL_FILES[1])))
-    trainer = Trainer(online, store, base, held_out, replay_seed())
+    if real_validation is None:
+        real_validation = examples_from_records(load_records(packaged_path(REAL_FILES[1])))
+    trainer = Trainer(online, store, base, real_validation, replay_seed())
     if online.trainer_metrics_port:
         from prometheus_client import start_http_server
 

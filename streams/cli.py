@@ -19,7 +19,7 @@ def register(subparsers: Any) -> None:
         "demo", help="start Tansu, a worker and the trainer; replay bundled failed jobs, print "
         "decisions, retry the ones not stopped, print labels, the gated candidate and a "
         "decision by the promoted model")
-    p.add_argument("--jobs-per-class", type=int, default=2,
+    p.add_argument("--jobs-per-class", type=int, default=1,
                    help="bundled logs replayed per failure category")
     p.add_argument("--timeout", type=float, default=120.0, help="give up after this many s")
     add_settings_arguments(p)
