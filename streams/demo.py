@@ -5,7 +5,8 @@ real failed-job logs the way a shipper and a scheduler hook would and prints eac
 retries the jobs Sibylla did not stop (a transient failure's retry completes, a deterministic
 one fails again) and prints the labels the votes make; waits for the trainer's gated
 fine-tune, prints its scores, and shows the next decision stamped with the promoted model.
-Exits 0 when all of that happened within the timeout.
+Exits 0 when all of that happened within the timeout. Pointed at an existing cluster
+(``--bootstrap-servers``), it keeps to topics and a consumer group of its own (:func:`isolated`).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import sys
 import tempfile
 import time
 import urllib.request
+import uuid
 from collections.abc import Coroutine, Sequence
 from contextlib import ExitStack
 from pathlib import Path
@@ -39,7 +41,7 @@ from sibylla.streams.launch import WorkerProcess
 from sibylla.streams.ship import Shipper
 from sibylla.streams.topics import ensure_topics
 
-__all__ = ["pick_demo_jobs", "run_demo"]
+__all__ = ["isolated", "pick_demo_jobs", "run_demo"]
 
 # Real failure logs the shipped model never trained on (its held-out set): the demo's
 # decisions are what a cluster would get, mistakes included.
@@ -294,6 +296,20 @@ async def _demo(settings: Settings, online: OnlineSettings, jobs: Sequence[Recor
             await trainer
 
 
+def isolated(settings: Settings) -> Settings:
+    """``settings`` with topics and a consumer group no one else uses.
+
+    On a real cluster the demo must not reach the cluster's own users: its decisions would go
+    to the schedulers, its worker would join the workers' consumer group (a rebalance for
+    every real worker), and its trainer would announce a model, from a file only this machine
+    has, on the compacted models topic every worker follows.
+    """
+    token = uuid.uuid4().hex[:8]
+    return dataclasses.replace(
+        settings, topic_prefix=f"{settings.topic_prefix.rstrip('.')}-demo-{token}.",
+        group_id=f"{settings.group_id}-demo-{token}")
+
+
 def run_demo(settings: Settings, per_category: int, timeout_s: float) -> int:
     # The demo's own consumers (decisions, labels, models) would log every subscription.
     logging.getLogger("aiokafka").setLevel(logging.WARNING)
@@ -308,6 +324,11 @@ def run_demo(settings: Settings, per_category: int, timeout_s: float) -> int:
             broker = stack.enter_context(tansu(workdir))
             print(f"started Tansu on {broker.bootstrap_servers}", file=sys.stderr)
             settings = dataclasses.replace(settings, bootstrap_servers=broker.bootstrap_servers)
+        else:
+            settings = isolated(settings)
+            print(f"on {settings.bootstrap_servers}: topics {settings.topic_prefix}* and "
+                  f"consumer group {settings.group_id} of the demo's own (delete them after)",
+                  file=sys.stderr)
         settings = dataclasses.replace(settings, web_port=settings.web_port or free_port(),
                                        data_dir=workdir / "worker")
         print(f"starting a worker (log: {workdir / 'worker.log'})", file=sys.stderr)

@@ -3,12 +3,18 @@ labels from retry outcomes, a gated promotion and a decision by the promoted mod
 
 from __future__ import annotations
 
+import asyncio
+import dataclasses
 import os
 import re
 import subprocess
 import sys
+from pathlib import Path
+from typing import Any
 
 import pytest
+
+from tests.integration.fixtures import make_settings, read_all
 
 pytestmark = pytest.mark.integration
 
@@ -36,3 +42,26 @@ def test_the_demo_decides_every_job_learns_from_retries_and_serves_the_promoted_
     assert promoted, done.stdout
     # ... and the worker's next decision carries its version.
     assert f"model_version={promoted.group(1)}" in done.stdout, done.stdout
+
+
+def test_on_an_existing_cluster_the_demo_keeps_to_topics_and_a_group_of_its_own(
+        broker: Any, unique_prefix: str, tmp_path: Path) -> None:
+    """Pointed at a real cluster, the demo must not reach its users: no decisions for the
+    schedulers, no model announcement for the workers, no member in their consumer group."""
+    env = {k: v for k, v in os.environ.items() if k != "SIBYLLA_BOOTSTRAP_SERVERS"}
+    done = subprocess.run(
+        [sys.executable, "-m", "sibylla", "demo", "--timeout", "150",
+         "--bootstrap-servers", broker.bootstrap_servers, "--topic-prefix", unique_prefix,
+         "--group-id", unique_prefix + "workers", "--partitions", "4"],
+        capture_output=True, text=True, timeout=240, env=env, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr[-3000:]
+    own = re.search(r"topics (\S+)\* and consumer group (\S+) of the demo's own", done.stderr)
+    assert own, done.stderr
+    assert own.group(1).startswith(unique_prefix.rstrip(".") + "-demo-")
+    assert own.group(2).startswith(unique_prefix + "workers-demo-")
+    cluster = make_settings(broker.bootstrap_servers, unique_prefix, tmp_path)
+    demo = dataclasses.replace(cluster, topic_prefix=own.group(1))
+    assert asyncio.run(read_all(cluster, "decisions")) == []
+    assert asyncio.run(read_all(cluster, "models")) == []
+    assert len(asyncio.run(read_all(demo, "decisions"))) >= 15
+    assert asyncio.run(read_all(demo, "models"))
