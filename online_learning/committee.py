@@ -24,13 +24,13 @@ import time
 from pathlib import Path
 
 from sibylla.inference.api import Classifier
-from sibylla.settings import SettingsError
+from sibylla.settings import ENV_PREFIX, SettingsError
 
 __all__ = ["build_committee"]
 
 log = logging.getLogger(__name__)
 
-SETTING = "SIBYLLA_COMMITTEE"
+SETTING = ENV_PREFIX + "COMMITTEE"  # OnlineSettings.committee
 
 
 def build_committee(spec: str, device: str = "auto") -> dict[str, Classifier]:

@@ -46,10 +46,12 @@ async def follow(settings: Settings, topic: str, parse: Callable[[bytes], R],
         await consumer.stop()
 
 
-async def print_decisions(settings: Settings, follow: bool, from_beginning: bool) -> int:
+async def print_decisions(settings: Settings, keep_following: bool, from_beginning: bool
+                          ) -> int:
     """``sibylla decisions``: JSON lines on stdout; without --follow, what exists now."""
-    idle = None if follow else 2.0
-    async for decision in follow_decisions(settings, from_beginning or not follow, idle):
+    idle = None if keep_following else 2.0
+    async for decision in follow_decisions(settings, from_beginning or not keep_following,
+                                           idle):
         sys.stdout.buffer.write(decision.to_json() + b"\n")
         sys.stdout.flush()
     return 0
