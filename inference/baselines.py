@@ -83,7 +83,7 @@ class TfidfLogReg:
     def __init__(self, l2: float = 1e-4, steps: int = 150, min_count: int = 2) -> None:
         self.l2, self.steps, self.min_count = l2, steps, min_count
         self.vocab: Vocabulary | None = None
-        self.idf: torch.Tensor | None = None
+        self.idf: list[float] | None = None  # looked up per n-gram: a list, not a tensor
         self.weight: torch.Tensor | None = None
 
     def _features(self, docs: Sequence[list[str]]) -> torch.Tensor:
@@ -91,12 +91,12 @@ class TfidfLogReg:
         rows, cols, vals = [], [], []
         for r, doc in enumerate(docs):
             counts = Counter(i for i in self.vocab.encode(doc) if i > 1)
-            norm = math.sqrt(sum(((1 + math.log(c)) * float(self.idf[i])) ** 2
+            norm = math.sqrt(sum(((1 + math.log(c)) * self.idf[i]) ** 2
                                  for i, c in counts.items())) or 1.0
             for i, c in counts.items():
                 rows.append(r)
                 cols.append(i)
-                vals.append((1 + math.log(c)) * float(self.idf[i]) / norm)
+                vals.append((1 + math.log(c)) * self.idf[i] / norm)
         indices = torch.tensor([rows, cols], dtype=torch.long).reshape(2, -1)
         return torch.sparse_coo_tensor(indices, torch.tensor(vals), (len(docs), len(self.vocab)),
                                        dtype=torch.float32, check_invariants=False).coalesce()
@@ -109,8 +109,8 @@ class TfidfLogReg:
         docs = self._docs(windows)
         self.vocab = Vocabulary.build(docs, min_count=self.min_count, max_size=50000)
         df = Counter(i for doc in docs for i in set(self.vocab.encode(doc)))
-        self.idf = torch.tensor([math.log((1 + len(docs)) / (1 + df.get(i, 0))) + 1
-                                 for i in range(len(self.vocab))])
+        self.idf = [math.log((1 + len(docs)) / (1 + df.get(i, 0))) + 1
+                    for i in range(len(self.vocab))]
         x = self._features(docs)
         y = torch.tensor([CATEGORIES.index(c) for c in categories])
         weight = torch.zeros(len(self.vocab), len(CATEGORIES), requires_grad=True)

@@ -12,13 +12,13 @@ import logging
 import sys
 from typing import Any
 
+from .corpus import REAL_FILES
+
 __all__ = ["register"]
 
 logger = logging.getLogger(__name__)
 
-HELD_OUT = "real_public_d.jsonl"
-ACTIONS = {"deterministic": "do_not_retry", "nondeterministic": "retry",
-           "unknown": "default_policy"}
+HELD_OUT = REAL_FILES[1]  # never trained on
 
 
 def register(subparsers: Any) -> None:
@@ -158,12 +158,10 @@ def _classify(args: argparse.Namespace) -> int:
     except (ModelLoadError, OSError) as exc:
         print(f"sibylla classify: {exc}", file=sys.stderr)
         return 2
-    from sibylla.streams.policy import RETRY_ELSEWHERE_CATEGORIES  # the pipeline's own rule
+    from sibylla.streams.policy import action_for  # the pipeline's own rule
 
     prediction = classifier.predict([window_from_text(text, job_id=args.file)])[0]
-    action = ACTIONS[prediction.verdict]
-    if action == "retry" and prediction.category in RETRY_ELSEWHERE_CATEGORIES:
-        action = "retry_elsewhere"
+    action = action_for(prediction)
     if args.json:
         print(json.dumps({"verdict": prediction.verdict, "confidence": prediction.confidence,
                           "category": prediction.category, "action": action,

@@ -10,7 +10,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from importlib import resources
 from pathlib import Path
@@ -20,7 +20,6 @@ from .taxonomy import CATEGORIES, label_of
 __all__ = [
     "REAL_FILES",
     "Record",
-    "data_hash",
     "load_records",
     "packaged_path",
     "split_by_source",
@@ -72,13 +71,6 @@ def load_records(path: str | Path) -> list[Record]:
     return out
 
 
-def data_hash(records: Iterable[Record]) -> str:
-    """SHA-256 over the records in order: names the exact data a model was trained on."""
-    h = hashlib.sha256()
-    for rec in records:
-        h.update(rec.to_json().encode())
-        h.update(b"\n")
-    return h.hexdigest()
 
 
 def split_by_source(records: Sequence[Record], test_fraction: float, salt: str = ""

@@ -97,17 +97,27 @@ def _evidence(enc: Encoded, attention: Sequence[float]) -> list[str]:
     return [enc.lines[i].shown for i in top]
 
 
+# Category indices of each verdict: a prediction's category agrees with its verdict.
+_DET_CATEGORIES = [i for i, c in enumerate(CATEGORIES) if c in DETERMINISTIC]
+_NONDET_CATEGORIES = [i for i, c in enumerate(CATEGORIES) if c not in DETERMINISTIC]
+
+
 class ModelClassifier:
     """A loaded recurrent model behind the :class:`~.api.Classifier` protocol."""
 
     def __init__(self, checkpoint: Checkpoint, device: str = "auto", min_confidence: float = 0.0,
                  batch_size: int = 64) -> None:
         self.device = pick_device(device)
-        self.model = checkpoint.model.to(self.device).eval()
+        model = checkpoint.model
+        if self.device.type != "cpu":  # moving and halving are in place: leave the caller's
+            model = copy.deepcopy(model)  # checkpoint on the CPU in float32 (fine-tunes copy it)
+        self.model = model.to(self.device).eval()
         if self.device.type == "cuda":
             self.model.half()
         self.vocab = checkpoint.vocab
         self.meta: dict[str, Any] = checkpoint.meta
+        # Serve on the token budget the model was trained with.
+        self.max_tokens = int(self.meta.get("train_config", {}).get("max_tokens", MAX_TOKENS))
         self.temperature = float(self.meta.get("temperature", 1.0))
         self.threshold = min_confidence or float(self.meta.get("threshold", 0.5))
         self.batch_size = batch_size
@@ -124,7 +134,7 @@ class ModelClassifier:
         return other
 
     def predict(self, windows: Sequence[LogWindow]) -> list[Prediction]:
-        encoded = [encode_window(w, self.vocab, MAX_TOKENS) for w in windows]
+        encoded = [encode_window(w, self.vocab, self.max_tokens) for w in windows]
         # A window with no non-blank line is "no log": nothing to judge, so no verdict.
         live = [i for i, enc in enumerate(encoded) if len(enc.lines) > 1]
         with self._lock:
@@ -143,7 +153,7 @@ class ModelClassifier:
         confidence = max(p_det, p_nondet)
         # The category agrees with the verdict: the most likely category of that verdict.
         is_det = label == LABELS[0]
-        allowed = [i for i, c in enumerate(CATEGORIES) if (c in DETERMINISTIC) == is_det]
+        allowed = _DET_CATEGORIES if is_det else _NONDET_CATEGORIES
         category = CATEGORIES[max(allowed, key=lambda i: category_probs[i])]
         verdict: VerdictLabel = "unknown"
         if confidence >= self.threshold:

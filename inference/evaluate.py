@@ -20,7 +20,7 @@ from .metrics import score
 from .preprocess import window_from_text
 from .train import TrainConfig, default_training_records
 
-__all__ = ["evaluate_classifier", "evaluate_file", "format_table", "training_config_of"]
+__all__ = ["evaluate_classifier", "evaluate_file", "format_table"]
 
 logger = logging.getLogger(__name__)
 
@@ -39,13 +39,6 @@ def evaluate_classifier(classifier: Classifier, records: Sequence[Record], batch
                  [r.category for r in records], [p.category for p in predictions])
 
 
-def training_config_of(classifier: ModelClassifier) -> TrainConfig:
-    raw = dict(classifier.meta.get("train_config") or {})
-    raw["real_files"] = tuple(raw.get("real_files", ()))
-    known = set(TrainConfig.__dataclass_fields__)
-    return TrainConfig(**{k: v for k, v in raw.items() if k in known})
-
-
 def evaluate_file(model: ModelClassifier, records: Sequence[Record],
                   train_records: Sequence[Record] | None = None) -> dict[str, Any]:
     """The model (at its threshold and without abstention) and every baseline on ``records``.
@@ -53,7 +46,7 @@ def evaluate_file(model: ModelClassifier, records: Sequence[Record],
     ``train_records`` defaults to the model's own training data, rebuilt from its metadata.
     """
     if train_records is None:
-        train_records = default_training_records(training_config_of(model))
+        train_records = default_training_records(TrainConfig.from_meta(model.meta))
     train_sources = {r.source for r in train_records}
     overlap = sum(r.source in train_sources for r in records)
     if overlap:

@@ -19,8 +19,8 @@ import logging
 import math
 import random
 import time
-from collections.abc import Sequence
-from dataclasses import asdict, dataclass, replace
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass, fields, replace
 from typing import Any, NamedTuple
 
 import torch
@@ -85,6 +85,15 @@ class TrainConfig:
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+    @classmethod
+    def from_meta(cls, meta: Mapping[str, Any]) -> TrainConfig:
+        """The config a checkpoint was trained with, from its metadata: defaults for fields it
+        lacks (an older checkpoint), fields this version no longer has ignored."""
+        raw = meta.get("train_config") or {}
+        known = {f.name for f in fields(cls)}
+        return cls(**{k: tuple(v) if isinstance(v, list) else v for k, v in raw.items()
+                      if k in known})
 
 
 def default_training_records(config: TrainConfig) -> list[Record]:
@@ -218,7 +227,7 @@ def train_model(examples: Sequence[Example | tuple[str, str, str]], config: Trai
     meta = _calibrate(model, val_ids, val, config, init_from)
     records_hash = hashlib.sha256("\n".join(f"{e.label}\t{e.category}\t{e.log}"
                                             for e in exs).encode()).hexdigest()
-    meta.update(version=_version(config.cell, records_hash, config), data_hash=records_hash,
+    meta.update(version=_version(model.config.cell, records_hash, config), data_hash=records_hash,
                 train_config=config.to_dict(), n_train=len(train), n_val=len(val),
                 trained_seconds=round(time.monotonic() - t0, 1),
                 fine_tuned_from=init_from.meta.get("version") if init_from else None)

@@ -17,7 +17,6 @@ import dataclasses
 import logging
 from collections import Counter
 from collections.abc import Sequence
-from typing import Any
 
 import torch
 
@@ -59,14 +58,6 @@ def grow_vocabulary(checkpoint: Checkpoint, examples: Sequence[Example], min_cou
     return Checkpoint(grown, Vocabulary(checkpoint.vocab.tokens + new), dict(checkpoint.meta))
 
 
-def _config_of(checkpoint: Checkpoint, **overrides: Any) -> TrainConfig:
-    """The checkpoint's training config (defaults where it has none) with ``overrides``."""
-    raw = dict(checkpoint.meta.get("train_config") or {})
-    fields = {f.name for f in dataclasses.fields(TrainConfig)}
-    kept = {k: tuple(v) if isinstance(v, list) else v for k, v in raw.items() if k in fields}
-    return dataclasses.replace(TrainConfig(**kept), **overrides)
-
-
 def fine_tune(checkpoint: Checkpoint, examples: Sequence[Example], epochs: int, lr: float,
               seed: int = 0, min_count: int = 3) -> Checkpoint:
     """A new checkpoint: ``checkpoint`` (vocabulary grown) trained further on ``examples``.
@@ -75,6 +66,6 @@ def fine_tune(checkpoint: Checkpoint, examples: Sequence[Example], epochs: int, 
     (``real_copies=0``): a fine-tune costs one pass per example per epoch.
     """
     base = grow_vocabulary(checkpoint, examples, min_count, seed)
-    config = _config_of(base, epochs=epochs, lr=lr, seed=seed, real_copies=0, synthetic=0,
-                        real_files=())
+    config = dataclasses.replace(TrainConfig.from_meta(base.meta), epochs=epochs, lr=lr,
+                                 seed=seed, real_copies=0, synthetic=0, real_files=())
     return train_model(examples, config, init_from=base)

@@ -11,8 +11,8 @@ import hashlib
 from sibylla.inference.api import LogWindow, Prediction
 from sibylla.schemas.records import Action, Decision, JobEvent
 
-__all__ = ["NO_LOG_CATEGORY", "RETRY_ELSEWHERE_CATEGORIES", "explore_draw", "explores",
-           "make_decision"]
+__all__ = ["NO_LOG_CATEGORY", "RETRY_ELSEWHERE_CATEGORIES", "action_for", "explore_draw",
+           "explores", "make_decision"]
 
 NO_LOG_CATEGORY = "no_log"
 
@@ -24,11 +24,13 @@ _NODE_STATES = frozenset({"NODE_FAIL"})
 _MAX_EVIDENCE = 5
 
 
-def _action(prediction: Prediction, event: JobEvent) -> Action:
+def action_for(prediction: Prediction, state: str | None = None) -> Action:
+    """What the scheduler should do about a verdict (``state``: the attempt's final state, when
+    known; a node failure sends even an unremarkable transient failure elsewhere)."""
     if prediction.verdict == "deterministic":
         return "do_not_retry"
     if prediction.verdict == "nondeterministic":
-        if prediction.category in RETRY_ELSEWHERE_CATEGORIES or event.state in _NODE_STATES:
+        if prediction.category in RETRY_ELSEWHERE_CATEGORIES or state in _NODE_STATES:
             return "retry_elsewhere"
         return "retry"
     return "default_policy"
@@ -81,7 +83,7 @@ def make_decision(
     """
     if prediction is None or window.empty:
         prediction = Prediction("unknown", 0.0, NO_LOG_CATEGORY, [])
-    action = _action(prediction, event)
+    action = action_for(prediction, event.state)
     explored = explores(event.job_id, event.attempt, prediction, explore_rate,
                         explore_max_confidence)
     if explored:
