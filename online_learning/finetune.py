@@ -4,15 +4,14 @@
 The one thing added here: the vocabulary grows. A checkpoint's vocabulary is fixed at training
 time, so the words of a failure phrasing the model never saw (a new library's exception name,
 a new driver's banner) all map to ``<oov>`` and no amount of fine-tuning can tell them apart.
-Tokens seen in at least ``min_count`` new logs join the vocabulary; their embedding rows start
-small and random, every other weight is copied, so the grown model predicts exactly as the old
-one on old inputs until it is trained. The current checkpoint is never modified: the gate still
-needs it as the baseline.
+Tokens seen in at least ``min_count`` of the fine-tune's logs join the vocabulary; their
+embedding rows start small and random, every other weight is copied, so the grown model
+predicts exactly as the old one on old inputs until it is trained. The current checkpoint is
+never modified: the gate still needs it as the baseline.
 """
 
 from __future__ import annotations
 
-import copy
 import dataclasses
 import logging
 from collections import Counter
@@ -21,7 +20,7 @@ from collections.abc import Sequence
 import torch
 
 from sibylla.inference.checkpoint import Checkpoint
-from sibylla.inference.features import window_tokens
+from sibylla.inference.features import MAX_TOKENS, window_tokens
 from sibylla.inference.model import RecurrentClassifier
 from sibylla.inference.preprocess import window_from_text
 from sibylla.inference.train import Example, TrainConfig, train_model
@@ -35,20 +34,22 @@ NEW_ROW_STD = 0.02  # new embedding rows: near zero, so they barely move the mod
 
 
 def grow_vocabulary(checkpoint: Checkpoint, examples: Sequence[Example], min_count: int,
-                    seed: int = 0) -> Checkpoint:
-    """A copy of ``checkpoint`` whose vocabulary also holds the frequent new tokens (their
-    rows drawn from a generator seeded with ``seed``: the same labels make the same model)."""
+                    seed: int = 0, max_tokens: int = MAX_TOKENS) -> Checkpoint:
+    """``checkpoint`` with the tokens seen in at least ``min_count`` of ``examples`` (as the
+    model reads them: ``max_tokens``) added to its vocabulary. New rows are drawn from a
+    generator seeded with ``seed`` (the same labels make the same model); the model is shared
+    when nothing is new (``train_model`` copies it before training)."""
     known = checkpoint.vocab.index
     counts: Counter[str] = Counter()
     for ex in examples:
-        counts.update({t for t in window_tokens(window_from_text(ex.log))[0] if t not in known})
+        tokens = window_tokens(window_from_text(ex.log), max_tokens)[0]
+        counts.update({t for t in tokens if t not in known})
     new = sorted(t for t, c in counts.items() if c >= min_count)
-    model = copy.deepcopy(checkpoint.model)
     if not new:
-        return Checkpoint(model, checkpoint.vocab, dict(checkpoint.meta))
-    config = dataclasses.replace(model.config, vocab_size=len(known) + len(new))
+        return checkpoint
+    config = dataclasses.replace(checkpoint.model.config, vocab_size=len(known) + len(new))
     grown = RecurrentClassifier(config)
-    state = model.state_dict()
+    state = dict(checkpoint.model.state_dict())  # load_state_dict below copies the tensors
     old = state["embed.weight"]  # (V_old, E)
     rows = torch.randn(len(new), old.shape[1], generator=torch.Generator().manual_seed(seed))
     state["embed.weight"] = torch.cat([old, rows * NEW_ROW_STD])
@@ -59,13 +60,14 @@ def grow_vocabulary(checkpoint: Checkpoint, examples: Sequence[Example], min_cou
 
 
 def fine_tune(checkpoint: Checkpoint, examples: Sequence[Example], epochs: int, lr: float,
-              seed: int = 0, min_count: int = 3) -> Checkpoint:
+              seed: int = 0) -> Checkpoint:
     """A new checkpoint: ``checkpoint`` (vocabulary grown) trained further on ``examples``.
 
     Labels are real logs, but the stream already varies them, so no augmented copies are made
-    (``real_copies=0``): a fine-tune costs one pass per example per epoch.
+    (``real_copies=0``): a fine-tune costs one pass per example per epoch. The vocabulary
+    grows by the checkpoint's own rule (its ``min_count`` and ``max_tokens``).
     """
-    base = grow_vocabulary(checkpoint, examples, min_count, seed)
-    config = dataclasses.replace(TrainConfig.from_meta(base.meta), epochs=epochs, lr=lr,
+    config = dataclasses.replace(TrainConfig.from_meta(checkpoint.meta), epochs=epochs, lr=lr,
                                  seed=seed, real_copies=0, synthetic=0, real_files=())
+    base = grow_vocabulary(checkpoint, examples, config.min_count, seed, config.max_tokens)
     return train_model(examples, config, init_from=base)
