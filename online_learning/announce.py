@@ -41,10 +41,11 @@ def model_path(uri: str) -> Path:
     raise AnnouncementError(f"model URI scheme {parsed.scheme!r} not supported: {uri}")
 
 
-def announcement(name: str, version: str, path: Path, metrics: dict[str, Any]
+def announcement(name: str, version: str, path: Path, sha256: str, metrics: dict[str, Any]
                  ) -> ModelAnnouncement:
-    """The announcement of the model file at ``path`` (its checksum computed now)."""
-    return ModelAnnouncement(name, version, sha256_file(path), path.resolve().as_uri(), metrics)
+    """The announcement of the model file at ``path`` with the checksum recorded when it was
+    written (not hashed again now: a file damaged since would be announced as it is)."""
+    return ModelAnnouncement(name, version, sha256, path.resolve().as_uri(), metrics)
 
 
 def verify(ann: ModelAnnouncement) -> Path:

@@ -49,7 +49,8 @@ def replay_seed(seed: int = 0) -> list[Example]:
 async def announce(settings: Settings, online: OnlineSettings, store: ModelStore,
                    entry: ModelEntry, producer: AIOKafkaProducer | None = None) -> None:
     """Publish ``entry`` on sibylla.models (workers verify its checksum and swap it in)."""
-    ann = announcement(online.model_name, entry.version, store.path(entry), entry.scores)
+    ann = announcement(online.model_name, entry.version, store.path(entry), entry.sha256,
+                       entry.scores)
     own = producer is None
     if producer is None:
         producer = AIOKafkaProducer(bootstrap_servers=settings.bootstrap_servers,

@@ -218,7 +218,7 @@ class OnlineLearning:
         """Swap in an announced model once its checksum and version check out."""
         try:
             ann = ModelAnnouncement.from_json(value)
-        except (orjson.JSONDecodeError, TypeError) as exc:
+        except (ValueError, TypeError) as exc:  # RecordError, a missing field
             log.warning("unreadable model announcement: %s", exc)
             self.metrics.rejected.inc()
             return False

@@ -277,7 +277,7 @@ class Decision:
 
     @classmethod
     def from_json(cls, value: bytes) -> Decision:
-        return from_known_fields(cls, orjson.loads(value))
+        return from_known_fields(cls, load_json_object(value))
 
 
 @dataclass(frozen=True, slots=True)
@@ -307,7 +307,7 @@ class Label:
 
     @classmethod
     def from_json(cls, value: bytes) -> Label:
-        raw = orjson.loads(value)
+        raw = load_json_object(value)
         raw["votes"] = [from_known_fields(Vote, v) for v in raw.get("votes", [])]
         return from_known_fields(cls, raw)
 
@@ -329,7 +329,7 @@ class ModelAnnouncement:
 
     @classmethod
     def from_json(cls, value: bytes) -> ModelAnnouncement:
-        return from_known_fields(cls, orjson.loads(value))
+        return from_known_fields(cls, load_json_object(value))
 
 
 @dataclass(frozen=True, slots=True)

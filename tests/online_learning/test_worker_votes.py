@@ -10,12 +10,19 @@ from types import SimpleNamespace
 from typing import Any
 
 import orjson
+import pytest
 from prometheus_client import CollectorRegistry
 
 from sibylla.inference.api import LogWindow
 from sibylla.inference.checkpoint import save_checkpoint
-from sibylla.online_learning.announce import announcement
+from sibylla.online_learning.announce import (
+    AnnouncementError,
+    announcement,
+    sha256_file,
+    verify,
+)
 from sibylla.online_learning.settings import OnlineSettings
+from sibylla.online_learning.store import ModelEntry, ModelStore
 from sibylla.online_learning.worker import OnlineLearning
 from sibylla.schemas.records import Decision, Label
 from sibylla.settings import Settings
@@ -126,7 +133,7 @@ async def test_announced_model_is_swapped_only_with_the_right_checksum(tmp_path:
     ol, _ = loop()
     cp = tiny_checkpoint(examples(16), version="v1")
     path = save_checkpoint(cp.model, cp.vocab, cp.meta, tmp_path / "v1.safetensors")
-    ann = announcement("sibylla-classifier", "v1", path, {})
+    ann = announcement("sibylla-classifier", "v1", path, sha256_file(path), {})
     tampered = orjson.loads(ann.to_json()) | {"sha256": "0" * 64}
     assert not await ol.on_announcement(orjson.dumps(tampered))
     assert not await ol.on_announcement(b"{}")
@@ -142,3 +149,14 @@ async def test_votes_older_than_the_ttl_are_dropped() -> None:
     assert ol.expire(partition, time.time()) == 0
     assert ol.expire(partition, time.time() + ol.s.votes_ttl_s + 1) == 1
     assert key not in ol.votes
+
+
+def test_a_model_file_damaged_after_promotion_is_refused_by_the_workers(tmp_path: Path) -> None:
+    """The announcement carries the checksum recorded when the model was stored, so a file
+    changed on the shared volume since is refused rather than announced as it now is."""
+    store = ModelStore(tmp_path)
+    entry = store.record(ModelEntry("v1", "promoted"), tiny_checkpoint(examples(16)))
+    path = store.path(entry)
+    path.write_bytes(path.read_bytes()[:-8] + b"damaged!")
+    with pytest.raises(AnnouncementError, match="does not match"):
+        verify(announcement("sibylla-classifier", "v1", path, entry.sha256, {}))

@@ -182,3 +182,12 @@ def test_the_schema_refuses_an_explored_flag_that_is_not_a_boolean() -> None:
                                      "default_policy", [], [], "gru-1", 1.0, 12.5).to_json())
     with pytest.raises(jsonschema.ValidationError):
         jsonschema.validate({**decision, "explored": "yes"}, DECISION)
+
+
+@pytest.mark.parametrize("value", [b"[]", b"null", b"1", b"\"text\"", b"{not json"])
+def test_a_record_that_is_not_a_json_object_is_a_record_error(value: bytes) -> None:
+    """Consumers of labels and announcements skip what they cannot read; they must not crash
+    on a stray value (the trainer re-reads its topic from the start after every restart)."""
+    for parse in (Decision.from_json, Label.from_json, ModelAnnouncement.from_json):
+        with pytest.raises(RecordError):
+            parse(value)
