@@ -25,7 +25,9 @@ import re
 from collections.abc import Iterable, Sequence
 from typing import NamedTuple
 
-from .api import LogWindow, is_error_start
+from sibylla.streams.window import DEFAULT_LIMITS, TailWindow, WindowLimits
+
+from .api import LogWindow
 
 __all__ = [
     "LINE_BREAK",
@@ -46,10 +48,6 @@ logger = logging.getLogger(__name__)
 # Placeholder tokens; they survive tokenization as single words.
 SEPARATOR = "<sep>"  # between the first error block and the tail
 LINE_BREAK = "<nl>"  # end of one line: lets the recurrent encoder see line structure
-
-# Defaults mirror sibylla.settings (window_max_lines, first_error_max_lines).
-TAIL_LINES = 256
-FIRST_ERROR_LINES = 48
 
 _SECRETS = [
     # key=value style credentials: password=..., api_key: ..., token="..."
@@ -174,26 +172,14 @@ def mask(line: str) -> str:
     return _mask(line, _plain_ascii(line))
 
 
-def window_from_text(
-    text: str,
-    job_id: str = "",
-    tail_lines: int = TAIL_LINES,
-    first_error_lines: int = FIRST_ERROR_LINES,
-) -> LogWindow:
-    """The window the stream agent would have kept of a job that printed ``text``."""
-    lines = text.splitlines()
-    first_error: list[str] = []
-    for i, line in enumerate(lines):
-        if is_error_start(line):
-            first_error = lines[i : i + first_error_lines]
-            break
-    return LogWindow(
-        job_id=job_id,
-        attempt=0,
-        tail=lines[-tail_lines:] if tail_lines else [],
-        first_error=first_error,
-        line_count=len(lines),
-    )
+def window_from_text(text: str, job_id: str = "", limits: WindowLimits | None = None
+                     ) -> LogWindow:
+    """The window the stream agent would have kept of a job that printed ``text``: built by
+    the stream's own :class:`TailWindow`, with the worker's default limits unless ``limits``
+    are given, so training and serving see the same windows."""
+    window = TailWindow(limits or DEFAULT_LIMITS)
+    window.extend(text.splitlines(), 0.0)
+    return window.to_log_window(job_id, 0)
 
 
 class Line(NamedTuple):

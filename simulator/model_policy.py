@@ -24,8 +24,6 @@ from sibylla.simulator.jobs import FAILING, Job
 
 __all__ = ["corpus_logs", "generated_logs", "load_corpus", "model_verdicts"]
 
-TAIL_LINES = 50
-FIRST_ERROR_LINES = 20
 _CATEGORIES = {
     "deterministic": DETERMINISTIC,
     "nondeterministic": NONDETERMINISTIC,
@@ -84,22 +82,15 @@ def corpus_logs(
     return logs
 
 
-def _window(job_id: str, log: str) -> Any:
-    from sibylla.inference.api import LogWindow, is_error_start
-
-    lines = log.split("\n")
-    first = next((i for i, line in enumerate(lines) if is_error_start(line)), None)
-    first_error = [] if first is None else lines[first : first + FIRST_ERROR_LINES]
-    return LogWindow(job_id, 0, lines[-TAIL_LINES:], first_error, len(lines))
-
-
 def model_verdicts(classifier: Any, logs: Mapping[str, str], batch: int = 256) -> dict[str, str]:
     """Verdict of ``classifier`` (anything with ``predict(windows)``) for each job's log."""
+    from sibylla.inference.preprocess import window_from_text  # the stream's own window
+
     items = sorted(logs.items())
     verdicts: dict[str, str] = {}
     for lo in range(0, len(items), batch):
         chunk = items[lo : lo + batch]
-        predictions = classifier.predict([_window(job_id, log) for job_id, log in chunk])
+        predictions = classifier.predict([window_from_text(log, job_id) for job_id, log in chunk])
         for (job_id, _), prediction in zip(chunk, predictions, strict=True):
             verdicts[job_id] = prediction.verdict
     return verdicts

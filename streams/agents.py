@@ -74,8 +74,7 @@ class Pipeline:
         self.classifier = classifier
         self.metrics = metrics or WorkerMetrics()
         self.metrics.set_model(classifier.version)
-        self.limits = WindowLimits(s.window_max_lines, s.window_max_bytes,
-                                   s.first_error_max_lines)
+        self.limits = WindowLimits.of(s)
         self.store = WindowStore(topology.windows, topology.window_chunks, self.limits)
         self.cache = WindowCache(self.store, s.partitions)
         self.field_map = FieldMap.parse(s.field_map)

@@ -18,8 +18,9 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from sibylla.inference.api import LogWindow, is_error_start
+from sibylla.settings import Settings
 
-__all__ = ["TailWindow", "WindowLimits"]
+__all__ = ["DEFAULT_LIMITS", "TailWindow", "WindowLimits"]
 
 # States of the first error block.
 _FE_NONE, _FE_OPEN, _FE_CLOSED = 0, 1, 2
@@ -30,6 +31,16 @@ class WindowLimits:
     max_lines: int
     max_bytes: int
     first_error_max_lines: int
+
+    @classmethod
+    def of(cls, settings: Settings) -> WindowLimits:
+        return cls(settings.window_max_lines, settings.window_max_bytes,
+                   settings.first_error_max_lines)
+
+
+# A worker's limits with the default settings: what training windows are built with
+# (inference.preprocess.window_from_text), so the model learns on the windows it is served.
+DEFAULT_LIMITS = WindowLimits.of(Settings())
 
 
 def _size(line: str) -> int:

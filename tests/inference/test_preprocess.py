@@ -7,7 +7,7 @@ import re
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sibylla.inference.api import LogWindow
+from sibylla.inference.api import LogWindow, is_error_start
 from sibylla.inference.features import window_tokens
 from sibylla.inference.preprocess import (
     SEPARATOR_LINE,
@@ -18,6 +18,7 @@ from sibylla.inference.preprocess import (
     tokens_of_lines,
     window_from_text,
 )
+from sibylla.streams.window import WindowLimits
 
 text_lines = st.lists(st.text(st.characters(blacklist_categories=("Cs",)), max_size=120),
                       max_size=40)
@@ -64,10 +65,16 @@ def test_tokenize_splits_exception_names_into_words() -> None:
 @given(text_lines)
 def test_window_keeps_tail_and_the_first_error_block(lines: list[str]) -> None:
     lines = [line.replace("\n", " ").replace("\r", " ") for line in lines]
-    window = window_from_text("\n".join(lines), tail_lines=10, first_error_lines=5)
+    window = window_from_text("\n".join(lines),
+                              limits=WindowLimits(max_lines=10, max_bytes=1 << 20,
+                                                  first_error_max_lines=5))
     if window.first_error:
         assert window.first_error[0] in "\n".join(lines)
     assert len(window.tail) <= 10 and len(window.first_error) <= 5
+    kept = "\n".join(lines).splitlines()
+    assert window.tail == kept[-10:]
+    start = next((i for i, line in enumerate(kept) if is_error_start(line)), None)
+    assert window.first_error == ([] if start is None else kept[start : start + 5])
 
 
 def test_root_cause_is_kept_when_the_tail_is_teardown_noise() -> None:
