@@ -10,7 +10,6 @@ import asyncio
 import os
 import random
 import re
-import signal
 import subprocess
 import sys
 import time
@@ -23,7 +22,7 @@ from typing import Any
 import orjson
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
-from sibylla.brokers.process import free_port
+from sibylla.brokers.process import die_with_parent, free_port, stop_process_group
 from sibylla.settings import Settings
 from sibylla.streams.keys import partition_of
 
@@ -268,7 +267,7 @@ class Worker:
             self.spawned_at = time.time()
             self.proc = subprocess.Popen(self.command, stdout=out, stderr=subprocess.STDOUT,
                                          stdin=subprocess.DEVNULL, env=self.env,
-                                         start_new_session=True)
+                                         start_new_session=True, preexec_fn=die_with_parent)
         return self
 
     def check_alive(self) -> None:
@@ -311,14 +310,8 @@ class Worker:
 
     def stop(self) -> None:
         proc, self.proc = self.proc, None
-        if proc is None or proc.poll() is not None:
-            return
-        os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(15)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
+        if proc is not None:
+            stop_process_group(proc, 15.0)
 
     def __enter__(self) -> Worker:
         return self.start()

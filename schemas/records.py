@@ -211,6 +211,11 @@ class JobEvent:
             return False
         return self.exit_code not in (None, 0)
 
+    @classmethod
+    def from_dict(cls, raw: Mapping[str, Any]) -> JobEvent:
+        """The event :meth:`to_dict` wrote (a state record, e.g. a pending termination)."""
+        return from_known_fields(cls, {**raw, "nodes": tuple(raw.get("nodes", ()))})
+
     def to_dict(self) -> dict[str, Any]:
         out = asdict(self)
         out["nodes"] = list(self.nodes)

@@ -109,9 +109,19 @@ class Pipeline:
         self.metrics.set_model(classifier.version)
 
     async def _on_revoked(self, app: Any, revoked: set[TP], **_: Any) -> None:
+        """Forget what this worker knew of a partition it no longer owns: if it comes back,
+        its windows are rebuilt from the table and its log offset is asked of the consumer
+        (a stale one could make decisions wait for records long ingested)."""
+        partitions = self.settings.partitions
         for tp in revoked:
-            if tp.topic == self.t.logs.get_topic_name():
-                self.cache.forget(tp.partition)
+            if tp.topic != self.t.logs.get_topic_name():
+                continue
+            self.cache.forget(tp.partition)
+            for per_partition in (self._ingested, self._windows_swept, self._decisions_swept):
+                per_partition.pop(tp.partition, None)
+            for key in [k for k in self._requested
+                        if partition_of(split_key(k)[0], partitions) == tp.partition]:
+                del self._requested[key]
 
     # ---------------------------------------------------------------- helpers
     async def _dead_letter(self, event: Any, reason: str, agent: str) -> None:
@@ -194,6 +204,7 @@ class Pipeline:
             self._windows_swept[partition] = now
             self.in_event(events[-1])
             self._expire_windows(partition, now)
+            m.window_bytes.set(cache.text_bytes())  # O(windows): with the sweep, not per batch
         m.active_windows.set(len(cache))
 
     def _expire_windows(self, partition: int, now: float) -> None:
@@ -325,9 +336,7 @@ class Pipeline:
             if raw is None:
                 continue
             pending = orjson.loads(raw)
-            e = pending["event"]
-            job = JobEvent(e["job_id"], e["attempt"], e["event"], e["state"], e["exit_code"],
-                           e["signal"], tuple(e["nodes"]), e["gpus"], e["ts"])
+            job = JobEvent.from_dict(pending["event"])
             window = self.cache.get(partition, key)
             log_window = (window.to_log_window(job.job_id, job.attempt) if window is not None
                           else LogWindow(job.job_id, job.attempt, []))

@@ -20,9 +20,8 @@ import re
 import sys
 import tempfile
 import time
-import urllib.request
 import uuid
-from collections.abc import Coroutine, Sequence
+from collections.abc import Callable, Coroutine, Sequence
 from contextlib import ExitStack
 from pathlib import Path
 from typing import Any, TypeVar
@@ -199,11 +198,12 @@ def _print_models(online: OnlineSettings) -> None:
             print(f"  refused: {reason}", flush=True)
 
 
-async def _serve_with_new_model(settings: Settings, jobs: dict[str, Record], version: str,
-                                timeout_s: float) -> bool:
+async def _serve_with_new_model(settings: Settings, metrics_text: Callable[[], str],
+                                jobs: dict[str, Record], version: str, timeout_s: float
+                                ) -> bool:
     """Wait until the worker has swapped the model in, then show a new failure decided by it."""
     deadline = time.monotonic() + timeout_s
-    while await _worker_model(settings) != version:
+    while await _worker_model(metrics_text) != version:
         if time.monotonic() > deadline:
             return False
         await asyncio.sleep(0.5)
@@ -237,23 +237,18 @@ async def _within(step: Coroutine[Any, Any, T], timeout_s: float) -> T | None:
         return None
 
 
-async def _worker_model(settings: Settings) -> str | None:
+async def _worker_model(metrics_text: Callable[[], str]) -> str | None:
     """The version on the worker's ``sibylla_model_info`` gauge (None while unreachable)."""
-    def scrape() -> str | None:
-        url = f"http://{settings.web_host}:{settings.web_port}/metrics"
-        try:
-            with urllib.request.urlopen(url, timeout=2) as response:
-                text = response.read().decode()
-        except OSError:
-            return None
-        found = re.search(r'^sibylla_model_info\{version="([^"]+)"\} 1\.0$', text, re.M)
-        return found.group(1) if found else None
-
-    return await asyncio.to_thread(scrape)
+    try:
+        text = await asyncio.to_thread(metrics_text)
+    except OSError:
+        return None
+    found = re.search(r'^sibylla_model_info\{version="([^"]+)"\} 1\.0$', text, re.M)
+    return found.group(1) if found else None
 
 
-async def _demo(settings: Settings, online: OnlineSettings, jobs: Sequence[Record],
-                validation: Sequence[Example], timeout_s: float) -> int:
+async def _demo(settings: Settings, metrics_text: Callable[[], str], online: OnlineSettings,
+                jobs: Sequence[Record], validation: Sequence[Example], timeout_s: float) -> int:
     await ensure_topics(settings)
     truth = {f"demo-{r.id}": r for r in jobs}
     deadline = time.monotonic() + timeout_s
@@ -284,7 +279,7 @@ async def _demo(settings: Settings, online: OnlineSettings, jobs: Sequence[Recor
             return 1
         print(f"promoted and announced on {settings.topic('models')}: {ann.version} "
               f"(sha256 {ann.sha256[:12]}…, {ann.uri})", flush=True)
-        if not await _serve_with_new_model(settings, truth, ann.version,
+        if not await _serve_with_new_model(settings, metrics_text, truth, ann.version,
                                            deadline - time.monotonic()):
             print(f"the worker did not swap in {ann.version} within {timeout_s:.0f}s",
                   file=sys.stderr)
@@ -336,4 +331,5 @@ def run_demo(settings: Settings, per_category: int, timeout_s: float) -> int:
         print(f"worker pid {worker.pid}; metrics on http://{settings.web_host}:"
               f"{settings.web_port}/metrics; replaying {len(jobs)} failed jobs", file=sys.stderr)
         online = dataclasses.replace(DEMO_ONLINE, models_dir=workdir / "models")
-        return asyncio.run(_demo(settings, online, jobs, validation, timeout_s))
+        return asyncio.run(_demo(settings, worker.metrics_text, online, jobs, validation,
+                                 timeout_s))

@@ -1,4 +1,5 @@
-"""Starting a worker as a child process (the demo, the benchmark and the tests do).
+"""Starting a worker as a child process (the demo and the tests do; the benchmark's
+``bench/common.Worker`` starts one the same way and adds CPU and memory probes).
 
 A faust worker owns its process (event loop, signal handlers), so tools that need one beside
 them run ``python -m sibylla worker`` with the settings passed as ``SIBYLLA_*`` variables.

@@ -64,13 +64,6 @@ class Shipper:
                 record["eos"] = True
             await self._producer.send(self.logs_topic, orjson.dumps(record), key=key)
 
-    async def send_line(self, job_id: str, line: str, attempt: int = 0,
-                        stream: str = "stdout") -> None:
-        """One LogLine record (what a one-record-per-line shipper sends)."""
-        record = {"job_id": job_id, "attempt": attempt, "ts": time.time(), "stream": stream,
-                  "line": line}
-        await self._producer.send(self.logs_topic, orjson.dumps(record), key=job_id.encode())
-
     async def send_event(self, event: JobEvent) -> None:
         record = event.to_dict()
         if record["ts"] is None:

@@ -21,6 +21,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from sibylla.inference.api import Classifier
 from sibylla.online_learning.worker import register as register_online_learning
 from sibylla.settings import Settings
+from sibylla.simulator.reliability import mttf_hours
 from sibylla.streams.agents import Pipeline
 from sibylla.streams.app import build_app
 from sibylla.streams.keys import attempt_key
@@ -75,14 +76,14 @@ def _register_lag(pipeline: Pipeline) -> None:
 def _register_reliability(pipeline: Pipeline) -> None:
     @pipeline.t.app.timer(RELIABILITY_EVERY_S, name="reliability_metrics")
     async def reliability_metrics() -> None:
-        now = time.time()
-        rate = pipeline.reliability.rate_per_node_day(now)[0]
+        estimator = pipeline.reliability
+        rate = estimator.rate_per_node_day(time.time())[0]  # one interval per tick, not six
         if math.isnan(rate):
             return
         pipeline.metrics.failure_rate.set(rate)
         for nodes in MTTF_JOB_NODES:
             pipeline.metrics.mttf_hours.labels(nodes=str(nodes)).set(
-                pipeline.reliability.mttf_hours(nodes, now))
+                mttf_hours(nodes * estimator.gpus_per_node, rate, estimator.gpus_per_node))
 
 
 def build_worker(settings: Settings, classifier: Classifier | None = None) -> Pipeline:

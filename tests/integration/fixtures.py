@@ -11,12 +11,11 @@ from pathlib import Path
 from typing import Any
 
 import orjson
-from aiokafka import AIOKafkaConsumer
 
 from sibylla.brokers.process import free_port
 from sibylla.schemas.records import Decision
 from sibylla.settings import Settings
-from sibylla.streams.follow import follow_decisions
+from sibylla.streams.follow import follow, follow_decisions
 from sibylla.streams.launch import WorkerProcess
 from sibylla.streams.topics import ensure_topics
 
@@ -86,20 +85,8 @@ async def collect_decisions(settings: Settings, expected: set[str], timeout_s: f
 async def read_all(settings: Settings, topic_name: str, idle_s: float = 3.0
                    ) -> list[dict[str, Any]]:
     """All JSON records of a topic, until it stays idle for ``idle_s``."""
-    consumer = AIOKafkaConsumer(settings.topic(topic_name),
-                                bootstrap_servers=settings.bootstrap_servers,
-                                auto_offset_reset="earliest", enable_auto_commit=False)
-    await consumer.start()
-    out: list[dict[str, Any]] = []
-    try:
-        while True:
-            batch = await consumer.getmany(timeout_ms=int(idle_s * 1000))
-            if not batch:
-                return out
-            for records in batch.values():
-                out.extend(orjson.loads(r.value) for r in records)
-    finally:
-        await consumer.stop()
+    return [record async for record in follow(settings, topic_name, orjson.loads,
+                                              from_beginning=True, idle_timeout_s=idle_s)]
 
 
 def decoded(letter: dict[str, Any]) -> bytes:

@@ -76,6 +76,7 @@ def test_failed_jobs_get_one_decision_and_completed_jobs_none(broker, unique_pre
         lines = len(DETERMINISTIC_LOG.splitlines()) + len(NONDETERMINISTIC_LOG.splitlines()) + 2
         assert metric(text, "sibylla_log_lines_ingested_total") == lines
         assert 'sibylla_decisions_total{action="do_not_retry",verdict="deterministic"} 1.0' in text
+        assert metric(text, "sibylla_window_bytes") > 0  # set by the windows' sweep
 
 
 def test_with_exploration_a_deterministic_verdict_is_sent_as_default_policy(

@@ -191,3 +191,12 @@ def test_a_record_that_is_not_a_json_object_is_a_record_error(value: bytes) -> N
     for parse in (Decision.from_json, Label.from_json, ModelAnnouncement.from_json):
         with pytest.raises(RecordError):
             parse(value)
+
+
+def test_a_job_event_kept_in_state_comes_back_as_it_was() -> None:
+    from sibylla.schemas.records import JobEvent
+
+    event = JobEvent("j", 2, "finished", "NODE_FAIL", 137, "SIGKILL", ("gpu-1", "gpu-2"), 16,
+                     1.5)
+    assert JobEvent.from_dict(orjson.loads(orjson.dumps(event.to_dict()))) == event
+    assert JobEvent.from_dict({"job_id": "j", "attempt": 0, "event": "started"}).nodes == ()
