@@ -123,7 +123,7 @@ def stream(n: int, onset: int, seed: int) -> list[Record]:
 def run(scenario: Scenario, base: Checkpoint, jobs: list[Record], onset: int,
         validation: list[Record], seed_examples: list[Record], seed: int) -> Result:
     rng = random.Random(seed)
-    rule = VoteRule()
+    rule = scenario.settings().vote_rule()
     result = Result(scenario)
     with tempfile.TemporaryDirectory() as tmp:
         trainer = Trainer(scenario.settings(), ModelStore(tmp), base,

@@ -11,9 +11,12 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sibylla.settings import ENV_PREFIX, SettingsError, check_bounds, parse_setting
+
+if TYPE_CHECKING:
+    from .votes import VoteRule
 
 __all__ = ["OnlineSettings"]
 
@@ -85,6 +88,14 @@ class OnlineSettings:
                 values[name] = parse_setting(fields[name], value,
                                              source=f"--{name.replace('_', '-')}")
         return cls(**values)
+
+    def vote_rule(self) -> "VoteRule":
+        """The majority rule these settings describe (see online_learning/votes.py)."""
+        from .votes import VoteRule
+
+        return VoteRule(operator_weight=self.operator_weight, outcome_weight=self.outcome_weight,
+                        committee_weight=self.committee_weight,
+                        min_weight=self.label_min_weight, min_margin=self.label_min_margin)
 
     def __post_init__(self) -> None:
         for f in dataclasses.fields(self):

@@ -102,6 +102,7 @@ class Trainer:
             self.checkpoint = store.load(current)
         self.trained_until = current.trained_until
         self._floor: dict[str, Scores] = {}  # the first model's scores on the real logs
+        self._real_scores: dict[str, Scores] = {}  # model version -> its score on them
         self.classifier: Classifier = ModelClassifier(self.checkpoint, device="cpu")
         self.metrics.set_model(self.classifier.version)
 
@@ -175,8 +176,8 @@ class Trainer:
         self.seed += 1
         cand_classifier = ModelClassifier(candidate, device="cpu")
         parts = self.validation()
-        current_scores = {p: score(self.classifier, exs) for p, exs in parts.items()}
-        cand_scores = {p: score(cand_classifier, exs) for p, exs in parts.items()}
+        current_scores = self._scores(self.classifier, parts)
+        cand_scores = self._scores(cand_classifier, parts)
         result = gate(current_scores, cand_scores, self.s.gate_tolerance,
                       self.s.gate_precision_tolerance, self._first_model_scores())
         if result.promote:  # a batch the gate refused is suspect: never replay it
@@ -204,6 +205,21 @@ class Trainer:
         self._export(report)
         return report
 
+    def _scores(self, model: Classifier, parts: dict[str, list[Example]]
+                ) -> dict[str, Scores]:
+        """``model``'s scores on each part. The real logs never change, so their score is kept
+        per model version (the current model is not scored on them again at every step)."""
+        out = {}
+        for part, exs in parts.items():
+            if part == "real":
+                key = model.version
+                if key not in self._real_scores:
+                    self._real_scores[key] = score(model, exs)
+                out[part] = self._real_scores[key]
+            else:
+                out[part] = score(model, exs)
+        return out
+
     def _first_model_scores(self) -> dict[str, Scores]:
         """The store's first (base) model on the real logs: the floor no chain of promotions
         may sink below."""
@@ -212,7 +228,7 @@ class Trainer:
             if first is not None:
                 model = (self.classifier if first.version == self.classifier.version
                          else ModelClassifier(self.store.load(first), device="cpu"))
-                self._floor = {"real": score(model, self.real_validation)}
+                self._floor = self._scores(model, {"real": self.real_validation})
         return self._floor
 
     def _follow_rollback(self) -> None:

@@ -63,13 +63,14 @@ _TRACEBACK = "Traceback (most recent call last)"
 
 @dataclass(frozen=True)
 class VoteRule:
-    """Weights of each kind of vote and what a majority needs (see the module docstring)."""
+    """Weights of each kind of vote and what a majority needs (see the module docstring);
+    built from the settings by :meth:`OnlineSettings.vote_rule`, where the defaults live."""
 
-    operator_weight: float = 10.0
-    outcome_weight: float = 2.0
-    committee_weight: float = 0.5
-    min_weight: float = 1.5
-    min_margin: float = 0.5
+    operator_weight: float
+    outcome_weight: float
+    committee_weight: float
+    min_weight: float
+    min_margin: float
 
 
 def tally(votes: Iterable[Vote], rule: VoteRule) -> TrueLabel | None:

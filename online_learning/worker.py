@@ -43,7 +43,6 @@ from .settings import OnlineSettings
 from .votes import (
     OUTCOME,
     AttemptRecord,
-    VoteRule,
     committee_votes,
     error_signature,
     operator_request,
@@ -69,9 +68,7 @@ class OnlineLearning:
         self.p = pipeline
         self.s = settings
         self.committee = dict(committee)
-        self.rule = VoteRule(settings.operator_weight, settings.outcome_weight,
-                             settings.committee_weight, settings.label_min_weight,
-                             settings.label_min_margin)
+        self.rule = settings.vote_rule()
         ws = pipeline.settings
         app = pipeline.t.app
         self.votes = app.Table("votes", partitions=ws.partitions, key_type=bytes,

@@ -314,8 +314,11 @@ class Pipeline:
 
     # ---------------------------------------------------------------- decide
     async def _decide(self, stream: Any) -> None:
-        s = self.settings
-        async for events in stream.take_events(s.batch_max_windows, s.batch_max_wait_ms / 1000):
+        # Take what this partition has buffered; waiting for a batch to fill is the
+        # MicroBatcher's job (up to batch_max_wait_ms, across partitions). Waiting here too
+        # made a lone failure wait twice that.
+        async for events in stream.take_events(self.settings.batch_max_windows,
+                                               EVENTS_WITHIN_S):
             await self._decide_batch(events)
 
     async def _decide_batch(self, events: Sequence[Any]) -> None:

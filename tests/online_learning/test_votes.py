@@ -6,9 +6,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from sibylla.inference.api import LogWindow, Prediction
+from sibylla.online_learning.settings import OnlineSettings
 from sibylla.online_learning.votes import (
     AttemptRecord,
-    VoteRule,
     committee_votes,
     error_signature,
     operator_vote,
@@ -18,7 +18,7 @@ from sibylla.online_learning.votes import (
 )
 from sibylla.schemas.records import Vote
 
-RULE = VoteRule()
+RULE = OnlineSettings().vote_rule()
 LABELS = ("deterministic", "nondeterministic")
 
 
