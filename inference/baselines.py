@@ -8,7 +8,6 @@
 
 from __future__ import annotations
 
-import logging
 import math
 import re
 from collections import Counter
@@ -22,8 +21,6 @@ from .taxonomy import CATEGORIES, DETERMINISTIC, LABELS
 from .vocab import Vocabulary
 
 __all__ = ["TRANSIENT", "ConstantVerdict", "RegexRules", "TfidfLogReg"]
-
-logger = logging.getLogger(__name__)
 
 # A transient-error pattern of the kind cluster schedulers and retry wrappers use.
 TRANSIENT = re.compile(

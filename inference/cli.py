@@ -8,15 +8,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import logging
 import sys
 from typing import Any
 
 from .corpus import REAL_FILES
 
 __all__ = ["register"]
-
-logger = logging.getLogger(__name__)
 
 HELD_OUT = REAL_FILES[1]  # never trained on
 

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import logging
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from importlib import resources
@@ -24,8 +23,6 @@ __all__ = [
     "packaged_path",
     "split_by_source",
 ]
-
-logger = logging.getLogger(__name__)
 
 # The real corpus shipped in the package: file a trains the shipped model, file d (other
 # projects entirely) is held out for the headline numbers.

@@ -6,7 +6,6 @@ so what a model was trained on is exactly what it is shown in production.
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -18,8 +17,6 @@ from .preprocess import Line, model_lines, tokens_of_lines
 from .vocab import Vocabulary
 
 __all__ = ["MAX_TOKENS", "Encoded", "encode_window", "pad_batch", "window_tokens"]
-
-logger = logging.getLogger(__name__)
 
 # 512 tokens hold a 40-line error block and the tail's last lines: enough for every log in
 # the real corpus once repeats are collapsed, and cheap enough for >500 windows/s on a CPU.

@@ -7,7 +7,6 @@ for the verdicts it commits to; ``decided_accuracy`` is the accuracy on those al
 
 from __future__ import annotations
 
-import logging
 from collections import Counter
 from collections.abc import Sequence
 from typing import Any
@@ -15,8 +14,6 @@ from typing import Any
 from .taxonomy import LABELS
 
 __all__ = ["score"]
-
-logger = logging.getLogger(__name__)
 
 
 def _ratio(num: int, den: int) -> float:

@@ -9,7 +9,6 @@ max pooling keeps a single decisive token ("Stale", "ECC") from being averaged a
 
 from __future__ import annotations
 
-import logging
 from dataclasses import asdict, dataclass
 from typing import Any, Literal, NamedTuple
 
@@ -18,8 +17,6 @@ from torch import nn
 from torch.nn import functional as F
 
 __all__ = ["Logits", "ModelConfig", "RecurrentClassifier"]
-
-logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)

@@ -20,7 +20,6 @@ on exactly what it sees in production.
 from __future__ import annotations
 
 import functools
-import logging
 import re
 from collections.abc import Iterable, Sequence
 from typing import NamedTuple
@@ -42,8 +41,6 @@ __all__ = [
     "tokens_of_lines",
     "window_from_text",
 ]
-
-logger = logging.getLogger(__name__)
 
 # Placeholder tokens; they survive tokenization as single words.
 SEPARATOR = "<sep>"  # between the first error block and the tail

@@ -13,7 +13,6 @@ split by source holds out whole phrasings: a test of generalisation, not of memo
 
 from __future__ import annotations
 
-import logging
 import random
 import re
 from collections.abc import Sequence
@@ -33,8 +32,6 @@ from .synthetic_messages import MESSAGES
 from .taxonomy import CATEGORIES, label_of
 
 __all__ = ["augment", "generate", "render_log"]
-
-logger = logging.getLogger(__name__)
 
 _WORDS = [
     "encoder",

@@ -2,13 +2,10 @@
 
 from __future__ import annotations
 
-import logging
 from collections import Counter
 from collections.abc import Iterable, Sequence
 
 __all__ = ["OOV", "PAD", "Vocabulary"]
-
-logger = logging.getLogger(__name__)
 
 PAD = "<pad>"  # index 0: padding, masked out of pooling
 OOV = "<oov>"  # index 1: any token not in the vocabulary
