@@ -6,14 +6,12 @@ trainer read them; parsing and bounds reuse the same strict helpers, so
 ``from __future__ import annotations``: the parser reads the fields' real types.
 """
 
-import dataclasses
-import os
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from sibylla.settings import ENV_PREFIX, SettingsError, check_bounds, parse_setting
+from sibylla.settings import check_fields, setting, values_from_env
 
 if TYPE_CHECKING:
     from .votes import VoteRule
@@ -21,73 +19,56 @@ if TYPE_CHECKING:
 __all__ = ["OnlineSettings"]
 
 
-def _setting(default: Any, help: str, **extra: Any) -> Any:
-    return field(default=default, metadata={"help": help, **extra})
-
-
 @dataclass(frozen=True)
 class OnlineSettings:
     """Vote rule, trainer schedule, promotion gate and model storage."""
 
     # --- votes (see online_learning/votes.py for the rule) ------------------------------------
-    operator_weight: float = _setting(10.0, "Weight of an operator's label.", min=0.0)
-    outcome_weight: float = _setting(2.0, "Weight of the retry-outcome vote.", min=0.0)
-    committee_weight: float = _setting(
+    operator_weight: float = setting(10.0, "Weight of an operator's label.", min=0.0)
+    outcome_weight: float = setting(2.0, "Weight of the retry-outcome vote.", min=0.0)
+    committee_weight: float = setting(
         0.5, "Weight of one committee model's vote, times its confidence.", min=0.0)
-    committee: str = _setting(
+    committee: str = setting(
         "", "Extra models voting beside the deciding one, comma-separated: rules, tfidf, or "
         "model file paths (see online_learning/committee.py).")
-    label_min_weight: float = _setting(
+    label_min_weight: float = setting(
         1.5, "Weight the winning label's votes must sum to.", min=0.0)
-    label_min_margin: float = _setting(
+    label_min_margin: float = setting(
         0.5, "Winning minus losing weight a label needs (ties never label).", min=0.0)
 
-    votes_ttl_s: float = _setting(
+    votes_ttl_s: float = setting(
         7 * 24 * 3600.0, "Votes of an attempt are dropped this long after it failed.", min=1.0)
 
     # --- trainer ------------------------------------------------------------------------------
-    models_dir: Path = _setting(Path("sibylla-models"),
+    models_dir: Path = setting(Path("sibylla-models"),
                                 "Where the trainer writes promoted models and its index.")
-    model_name: str = _setting("sibylla-classifier", "Key of announcements on sibylla.models.")
-    finetune_every: int = _setting(200, "Fine-tune after this many new labels.", min=1)
-    drift_min_labels: int = _setting(
+    model_name: str = setting("sibylla-classifier", "Key of announcements on sibylla.models.")
+    finetune_every: int = setting(200, "Fine-tune after this many new labels.", min=1)
+    drift_min_labels: int = setting(
         50, "Fewest new labels a drift-triggered fine-tune waits for.", min=1)
-    drift_threshold: float = _setting(
+    drift_threshold: float = setting(
         0.3, "Committee-vs-outcome disagreement rate that signals drift.", min=0.0, max=1.0)
-    drift_window: int = _setting(200, "Recent labels the disagreement rate is taken over.", min=1)
-    replay_size: int = _setting(2000, "Older examples kept for replay (per verdict class).",
+    drift_window: int = setting(200, "Recent labels the disagreement rate is taken over.", min=1)
+    replay_size: int = setting(2000, "Older examples kept for replay (per verdict class).",
                                 min=1)
-    replay_ratio: float = _setting(
+    replay_ratio: float = setting(
         2.0, "Replayed examples per new example in a fine-tune.", min=0.0)
-    holdout_every: int = _setting(
+    holdout_every: int = setting(
         5, "Every Nth label goes to the validation set and is never trained on.", min=2)
-    holdout_size: int = _setting(500, "Most recent held-back labels kept.", min=1)
-    finetune_epochs: int = _setting(8, "Epochs of one fine-tune.", min=1)
-    finetune_lr: float = _setting(3e-3, "Learning rate of a fine-tune.", min=0.0)
-    gate_tolerance: float = _setting(
+    holdout_size: int = setting(500, "Most recent held-back labels kept.", min=1)
+    finetune_epochs: int = setting(8, "Epochs of one fine-tune.", min=1)
+    finetune_lr: float = setting(3e-3, "Learning rate of a fine-tune.", min=0.0)
+    gate_tolerance: float = setting(
         0.01, "A candidate may be this much less accurate than the current model.", min=0.0)
-    gate_precision_tolerance: float = _setting(
+    gate_precision_tolerance: float = setting(
         0.01, "Allowed drop of deterministic precision (0: none at all).", min=0.0)
-    trainer_metrics_port: int = _setting(9466, "Port of the trainer's /metrics (0: none).",
+    trainer_metrics_port: int = setting(9466, "Port of the trainer's /metrics (0: none).",
                                          min=0, max=65535)
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None, **overrides: Any) -> "OnlineSettings":
         """Settings from ``SIBYLLA_*`` variables, then ``overrides`` (typed or str)."""
-        env = os.environ if env is None else env
-        fields = {f.name: f for f in dataclasses.fields(cls)}
-        values: dict[str, Any] = {}
-        for f in fields.values():
-            raw = env.get(ENV_PREFIX + f.name.upper())
-            if raw is not None:
-                values[f.name] = parse_setting(f, raw, source=ENV_PREFIX + f.name.upper())
-        for name, value in overrides.items():
-            if name not in fields:
-                raise SettingsError(f"unknown setting {name!r}")
-            if value is not None:
-                values[name] = parse_setting(fields[name], value,
-                                             source=f"--{name.replace('_', '-')}")
-        return cls(**values)
+        return cls(**values_from_env(cls, env, overrides))
 
     def vote_rule(self) -> "VoteRule":
         """The majority rule these settings describe (see online_learning/votes.py)."""
@@ -98,5 +79,4 @@ class OnlineSettings:
                         min_weight=self.label_min_weight, min_margin=self.label_min_margin)
 
     def __post_init__(self) -> None:
-        for f in dataclasses.fields(self):
-            check_bounds(f, getattr(self, f.name), f.name)
+        check_fields(self)

@@ -1,10 +1,11 @@
 """All of Sibylla's configuration, in one frozen, typed object.
 
 Every setting comes from a ``SIBYLLA_<NAME>`` environment variable or the matching
-``--<name>`` flag (flags win). Values are parsed strictly: a boolean is one of
-true/false/1/0/yes/no/on/off, never "any non-empty string" (faust's trap), and a bad value stops
-start-up with one line naming the setting, so a typo in a deployment manifest is caught at once
-rather than as odd behaviour hours later.
+``--<name>`` flag (flags win). Values are parsed strictly (a number is a number, a choice one of
+its choices, NaN is out of every range), and a bad value stops start-up with one line naming
+the setting, so a typo in a deployment manifest is caught at once rather than as odd behaviour
+hours later. :func:`setting`, :func:`values_from_env` and :func:`check_fields` are shared with
+the online-learning settings (``online_learning/settings.py``).
 """
 
 import argparse
@@ -16,7 +17,7 @@ from pathlib import Path
 from typing import Any, Literal, get_args
 
 __all__ = ["Settings", "SettingsError", "add_settings_arguments", "check_bounds",
-           "parse_setting", "settings_from_args"]
+           "check_fields", "parse_setting", "setting", "settings_from_args", "values_from_env"]
 
 ENV_PREFIX = "SIBYLLA_"
 
@@ -30,7 +31,8 @@ class SettingsError(ValueError):
     """A setting has a value Sibylla cannot use; the message names the setting."""
 
 
-def _setting(default: Any, help: str, **extra: Any) -> Any:
+def setting(default: Any, help: str, **extra: Any) -> Any:
+    """A settings field: its default, the help shown by ``--help``, bounds (``min``, ``max``)."""
     return field(default=default, metadata={"help": help, **extra})
 
 
@@ -39,65 +41,65 @@ class Settings:
     """Runtime configuration. Build it with :meth:`from_env` or :func:`settings_from_args`."""
 
     # --- Kafka connection -------------------------------------------------------------------
-    bootstrap_servers: str = _setting(
+    bootstrap_servers: str = setting(
         "", "Kafka bootstrap servers, host:port[,host:port]. Empty: the demo starts Tansu."
     )
-    topic_prefix: str = _setting("sibylla.", "Prefix of every Sibylla topic.")
-    partitions: int = _setting(4, "Partitions of sibylla.logs and sibylla.job-events.", min=1)
-    replication_factor: int = _setting(1, "Replication factor of topics Sibylla creates.", min=1)
-    group_id: str = _setting("sibylla", "Consumer group (faust app id) of the workers.")
-    security_protocol: SecurityProtocol = _setting("PLAINTEXT", "Kafka security protocol.")
-    sasl_mechanism: SaslMechanism = _setting("PLAIN", "SASL mechanism when SASL is used.")
-    sasl_username: str = _setting("", "SASL user name.")
-    sasl_password: str = _setting("", "SASL password (never printed).", secret=True)
-    ssl_cafile: str = _setting("", "CA bundle for SSL.")
-    ssl_certfile: str = _setting("", "Client certificate for SSL.")
-    ssl_keyfile: str = _setting("", "Client key for SSL.")
-    session_timeout_ms: int = _setting(
+    topic_prefix: str = setting("sibylla.", "Prefix of every Sibylla topic.")
+    partitions: int = setting(4, "Partitions of sibylla.logs and sibylla.job-events.", min=1)
+    replication_factor: int = setting(1, "Replication factor of topics Sibylla creates.", min=1)
+    group_id: str = setting("sibylla", "Consumer group (faust app id) of the workers.")
+    security_protocol: SecurityProtocol = setting("PLAINTEXT", "Kafka security protocol.")
+    sasl_mechanism: SaslMechanism = setting("PLAIN", "SASL mechanism when SASL is used.")
+    sasl_username: str = setting("", "SASL user name.")
+    sasl_password: str = setting("", "SASL password (never printed).", secret=True)
+    ssl_cafile: str = setting("", "CA bundle for SSL.")
+    ssl_certfile: str = setting("", "Client certificate for SSL.")
+    ssl_keyfile: str = setting("", "Client key for SSL.")
+    session_timeout_ms: int = setting(
         6000, "Consumer session timeout; a dead worker's partitions move after this.", min=1000
     )
 
     # --- log windows --------------------------------------------------------------------------
-    window_max_lines: int = _setting(256, "Tail lines kept per job attempt.", min=1)
-    window_max_bytes: int = _setting(65536, "Tail bytes kept per job attempt.", min=256)
-    first_error_max_lines: int = _setting(
+    window_max_lines: int = setting(256, "Tail lines kept per job attempt.", min=1)
+    window_max_bytes: int = setting(65536, "Tail bytes kept per job attempt.", min=256)
+    first_error_max_lines: int = setting(
         48, "Lines kept of the first error block (the root cause).", min=0
     )
-    max_line_bytes: int = _setting(
+    max_line_bytes: int = setting(
         16384, "Longer lines are rejected to the dead-letter topic.", min=64
     )
-    window_ttl_s: float = _setting(
+    window_ttl_s: float = setting(
         7 * 24 * 3600.0, "Windows of jobs silent this long are dropped; decisions are "
         "remembered this long (replay protection, GET /decisions).", min=1.0
     )
-    grace_period_s: float = _setting(
+    grace_period_s: float = setting(
         2.0, "After a failed job ends, wait this long for late log lines.", min=0.0
     )
 
-    field_map: str = _setting(
+    field_map: str = setting(
         "", "Where a shipper's native record keeps contract fields, e.g. "
         "'line=log,job_id=kubernetes.labels.job-name' (dotted paths)."
     )
 
     # --- inference ----------------------------------------------------------------------------
-    batch_max_windows: int = _setting(64, "Micro-batch size B for classification.", min=1)
-    batch_max_wait_ms: float = _setting(
+    batch_max_windows: int = setting(64, "Micro-batch size B for classification.", min=1)
+    batch_max_wait_ms: float = setting(
         20.0, "Longest wait T for a micro-batch to fill.", min=0.0
     )
-    device: DeviceChoice = _setting("auto", "auto picks CUDA when present, else CPU.")
-    model_path: str = _setting("", "Model file; empty means the model shipped in the package.")
-    min_confidence: float = _setting(
+    device: DeviceChoice = setting("auto", "auto picks CUDA when present, else CPU.")
+    model_path: str = setting("", "Model file; empty means the model shipped in the package.")
+    min_confidence: float = setting(
         0.0, "Below this confidence the verdict is unknown; 0 means the model's threshold.",
         min=0.0, max=1.0,
     )
-    explore_rate: float = _setting(
+    explore_rate: float = setting(
         0.0, "Share of deterministic verdicts sent as default_policy instead of do_not_retry "
         "(marked explored), so the scheduler retries them and the retry's outcome votes in "
         "online learning. Costs that share of rightly stopped jobs one more failing run. "
         "0 turns exploration off.",
         min=0.0, max=1.0,
     )
-    explore_max_confidence: float = _setting(
+    explore_max_confidence: float = setting(
         1.0, "Explore only deterministic verdicts at most this confident (1: all). The wrong "
         "ones are mostly the unsure ones, so e.g. 0.9 spends the explored retries where a "
         "verdict is likely wrong.",
@@ -105,12 +107,12 @@ class Settings:
     )
 
     # --- worker -------------------------------------------------------------------------------
-    store: StoreKind = _setting("rocksdb", "Table store: rocksdb (production) or memory.")
-    data_dir: Path = _setting(Path("sibylla-data"), "Where the worker keeps its table stores.")
-    web_host: str = _setting("127.0.0.1", "Bind address of the worker's HTTP server.")
-    web_port: int = _setting(6066, "Port of the worker's HTTP server (metrics, decisions).",
+    store: StoreKind = setting("rocksdb", "Table store: rocksdb (production) or memory.")
+    data_dir: Path = setting(Path("sibylla-data"), "Where the worker keeps its table stores.")
+    web_host: str = setting("127.0.0.1", "Bind address of the worker's HTTP server.")
+    web_port: int = setting(6066, "Port of the worker's HTTP server (metrics, decisions).",
                              min=0, max=65535)
-    log_level: Literal["debug", "info", "warning", "error"] = _setting("info", "Log level.")
+    log_level: Literal["debug", "info", "warning", "error"] = setting("info", "Log level.")
 
     # ------------------------------------------------------------------------------------------
     def topic(self, name: str) -> str:
@@ -157,32 +159,39 @@ class Settings:
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None, **overrides: Any) -> "Settings":
         """Settings from ``SIBYLLA_*`` variables, then ``overrides`` (already typed or str)."""
-        env = os.environ if env is None else env
-        values: dict[str, Any] = {}
-        for f in dataclasses.fields(cls):
-            raw = env.get(ENV_PREFIX + f.name.upper())
-            if raw is not None:
-                values[f.name] = parse_setting(f, raw, source=ENV_PREFIX + f.name.upper())
-        for name, value in overrides.items():
-            if value is None:
-                continue
-            known = _FIELDS.get(name)
-            if known is None:
-                raise SettingsError(f"unknown setting {name!r}")
-            values[name] = parse_setting(known, value, source=f"--{name.replace('_', '-')}")
-        return cls(**values)
+        return cls(**values_from_env(cls, env, overrides))
 
     def __post_init__(self) -> None:
-        for f in dataclasses.fields(self):
-            check_bounds(f, getattr(self, f.name), f.name)
+        check_fields(self)
         if self.security_protocol.startswith("SASL") and not self.sasl_username:
             raise SettingsError("sasl_username: required when security_protocol uses SASL")
 
 
-_FIELDS = {f.name: f for f in dataclasses.fields(Settings)}
+def values_from_env(cls: type, env: Mapping[str, str] | None, overrides: Mapping[str, Any]
+                    ) -> dict[str, Any]:
+    """Typed values for the settings dataclass ``cls``: its ``SIBYLLA_<NAME>`` variables in
+    ``env`` (the process environment when None), then ``overrides`` (typed or str; None is
+    skipped). An override naming no field is a :class:`SettingsError`."""
+    env = os.environ if env is None else env
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    values: dict[str, Any] = {}
+    for f in fields.values():
+        raw = env.get(ENV_PREFIX + f.name.upper())
+        if raw is not None:
+            values[f.name] = parse_setting(f, raw, source=ENV_PREFIX + f.name.upper())
+    for name, value in overrides.items():
+        if value is None:
+            continue
+        if name not in fields:
+            raise SettingsError(f"unknown setting {name!r}")
+        values[name] = parse_setting(fields[name], value, source=f"--{name.replace('_', '-')}")
+    return values
 
-_TRUE = {"1", "true", "yes", "on"}
-_FALSE = {"0", "false", "no", "off"}
+
+def check_fields(settings: Any) -> None:
+    """Every field of a settings dataclass within its bounds (:func:`check_bounds`)."""
+    for f in dataclasses.fields(settings):
+        check_bounds(f, getattr(settings, f.name), f.name)
 
 
 def parse_setting(f: dataclasses.Field[Any], raw: Any, source: str) -> Any:
@@ -191,13 +200,6 @@ def parse_setting(f: dataclasses.Field[Any], raw: Any, source: str) -> Any:
         return raw
     text = raw.strip()
     try:
-        if t is bool:
-            low = text.lower()
-            if low in _TRUE:
-                return True
-            if low in _FALSE:
-                return False
-            raise ValueError("expected one of true/false/1/0/yes/no/on/off")
         if t is int:
             return int(text)
         if t is float:
