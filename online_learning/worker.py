@@ -24,7 +24,6 @@ from collections.abc import Mapping
 from dataclasses import replace
 from typing import Any
 
-import faust
 import orjson
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from faust.web import Request, Response, View
@@ -32,7 +31,7 @@ from faust.web import Request, Response, View
 from sibylla.inference.api import Classifier, LogWindow, Prediction
 from sibylla.schemas.records import Decision, ModelAnnouncement, RecordError, parse_job_event
 from sibylla.streams.agents import Pipeline
-from sibylla.streams.app import RAW
+from sibylla.streams.app import RAW, raw_table
 from sibylla.streams.keys import attempt_key, partition_of, split_key
 from sibylla.streams.state import live_get, live_items
 
@@ -71,8 +70,7 @@ class OnlineLearning:
         self.rule = settings.vote_rule()
         ws = pipeline.settings
         app = pipeline.t.app
-        self.votes = app.Table("votes", partitions=ws.partitions, key_type=bytes,
-                               value_type=bytes, schema=faust.Schema(**RAW))
+        self.votes = raw_table(app, ws, "votes")
         self.label_votes = app.topic(ws.topic("label-votes"), internal=True,
                                      partitions=ws.partitions, **RAW)
         self.metrics = VoteMetrics(pipeline.metrics.registry)

@@ -15,7 +15,7 @@ import faust
 from sibylla.settings import Settings
 from sibylla.streams.fastpath import SibyllaApp
 
-__all__ = ["Topology", "build_app"]
+__all__ = ["Topology", "build_app", "raw_table"]
 
 RAW: dict[str, Any] = {"key_serializer": "raw", "value_serializer": "raw"}
 
@@ -51,6 +51,15 @@ def _credentials(settings: Settings) -> Any:
     if settings.security_protocol == "SSL":
         return faust.SSLCredentials(opts["ssl_context"])
     return None
+
+
+def raw_table(app: Any, settings: Settings, name: str) -> Any:
+    """A changelog-backed table of raw bytes, partitioned like the job topics. Its name must be
+    in ``topics.TABLES`` (the changelog is created before the worker starts)."""
+    # The store picks its serializer from value_type (not from the schema): bytes keeps values
+    # raw in the RocksDB store too.
+    return app.Table(name, partitions=settings.partitions, key_type=bytes, value_type=bytes,
+                     schema=faust.Schema(**RAW))
 
 
 def build_app(settings: Settings) -> Topology:
@@ -91,10 +100,7 @@ def build_app(settings: Settings) -> Topology:
     labels = app.topic(t("labels"), **RAW, **part)
 
     def table(name: str) -> Any:
-        # The store picks its serializer from value_type (not from the schema): bytes keeps
-        # values raw in the RocksDB store too.
-        return app.Table(name, partitions=settings.partitions, key_type=bytes,
-                         value_type=bytes, schema=faust.Schema(**RAW))
+        return raw_table(app, settings, name)
 
     return Topology(
         settings=settings, app=app, logs=logs, job_events=job_events,
