@@ -36,7 +36,7 @@ NEW_ROW_STD = 0.02  # new embedding rows: near zero, so they barely move the mod
 def grow_vocabulary(checkpoint: Checkpoint, examples: Sequence[Example], min_count: int,
                     seed: int = 0, max_tokens: int = MAX_TOKENS) -> Checkpoint:
     """``checkpoint`` with the tokens seen in at least ``min_count`` of ``examples`` (as the
-    model reads them: ``max_tokens``) added to its vocabulary. New rows are drawn from a
+    model reads them when served: ``max_tokens``) added to its vocabulary. New rows are drawn from a
     generator seeded with ``seed`` (the same labels make the same model); the model is shared
     when nothing is new (``train_model`` copies it before training)."""
     known = checkpoint.vocab.index
@@ -65,9 +65,9 @@ def fine_tune(checkpoint: Checkpoint, examples: Sequence[Example], epochs: int, 
 
     Labels are real logs, but the stream already varies them, so no augmented copies are made
     (``real_copies=0``): a fine-tune costs one pass per example per epoch. The vocabulary
-    grows by the checkpoint's own rule (its ``min_count`` and ``max_tokens``).
+    grows by the checkpoint's own ``min_count``.
     """
     config = dataclasses.replace(TrainConfig.from_meta(checkpoint.meta), epochs=epochs, lr=lr,
                                  seed=seed, real_copies=0, synthetic=0, real_files=())
-    base = grow_vocabulary(checkpoint, examples, config.min_count, seed, config.max_tokens)
+    base = grow_vocabulary(checkpoint, examples, config.min_count, seed)
     return train_model(examples, config, init_from=base)

@@ -72,22 +72,3 @@ def test_the_shipped_model_loads_and_tells_a_bug_from_a_flaky_network() -> None:
     assert classifier.version == classifier.meta["version"]
     assert classifier.meta["metrics"]["held_out_file"] == "real_public_d.jsonl"
 
-
-def test_a_model_is_served_on_the_token_budget_it_was_trained_with(tiny: Checkpoint) -> None:
-    """A window longer than the training budget is cut where training cut it: the model never
-    sees sequences longer than those it learned on."""
-    from sibylla.inference.engine import score_sequences
-    from sibylla.inference.features import encode_window
-
-    budget = tiny.meta["train_config"]["max_tokens"]
-    classifier = ModelClassifier(tiny, device="cpu")
-    words = ["alpha", "bravo", "charlie", "delta", "echo", "foxtrot", "golf", "hotel"]
-    chatter = [f"warning {a} {b} {c} deprecated" for a in words for b in words for c in words]
-    window = window_from_text("\n".join(chatter[:60]) + "\n" + OOM_LOG, job_id="long")
-    [prediction] = classifier.predict([window])
-    trained = encode_window(window, tiny.vocab, budget)
-    served_longer = encode_window(window, tiny.vocab, 4 * budget)
-    assert len(trained.ids) <= budget < len(served_longer.ids)
-    logits = score_sequences(tiny.model, [trained.ids]).verdict_logits[0]
-    expected = classifier._decide(trained, logits, [1.0] * 16, [0.0] * len(trained.ids))
-    assert prediction.confidence == expected.confidence
