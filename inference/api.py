@@ -75,7 +75,9 @@ class LogWindow:
 
     @property
     def empty(self) -> bool:
-        return not self.tail and not self.first_error
+        """No non-blank line: nothing to judge ("no log" for the model, the baselines and the
+        pipeline's policy alike)."""
+        return not any(line.strip() for line in (*self.first_error, *self.tail))
 
 
 @dataclass(frozen=True, slots=True)

@@ -12,7 +12,7 @@ import logging
 from collections.abc import Sequence
 from typing import Any
 
-from .api import Classifier
+from .api import Classifier, LogWindow
 from .baselines import ConstantVerdict, RegexRules, TfidfLogReg
 from .corpus import Record
 from .engine import ModelClassifier
@@ -28,10 +28,12 @@ TABLE_KEYS = ("accuracy", "macro_f1", "deterministic_precision", "deterministic_
               "nondeterministic_recall", "abstention_rate")
 
 
-def evaluate_classifier(classifier: Classifier, records: Sequence[Record], batch: int = 64
-                        ) -> dict[str, Any]:
-    """Metrics of ``classifier`` on ``records`` (see :func:`.metrics.score`)."""
-    windows = [window_from_text(r.log, job_id=r.id) for r in records]
+def evaluate_classifier(classifier: Classifier, records: Sequence[Record], batch: int = 64,
+                        windows: Sequence[LogWindow] | None = None) -> dict[str, Any]:
+    """Metrics of ``classifier`` on ``records`` (see :func:`.metrics.score`); ``windows``:
+    the records' windows when already built (several classifiers on the same records)."""
+    if windows is None:
+        windows = [window_from_text(r.log, job_id=r.id) for r in records]
     predictions = []
     for start in range(0, len(windows), batch):
         predictions += classifier.predict(windows[start : start + batch])
@@ -54,14 +56,17 @@ def evaluate_file(model: ModelClassifier, records: Sequence[Record],
                        "their scores are not held-out scores", overlap, len(records))
     tfidf = TfidfLogReg().fit([window_from_text(r.log) for r in train_records],
                               [r.category for r in train_records])
-    rows = {
-        "model": evaluate_classifier(model, records),
-        "model, no abstention": evaluate_classifier(model.with_threshold(0.0), records),
-        "regex rules": evaluate_classifier(RegexRules(), records),
-        "tf-idf + logistic regression": evaluate_classifier(tfidf, records),
-        "always retry": evaluate_classifier(ConstantVerdict("nondeterministic"), records),
-        "never retry": evaluate_classifier(ConstantVerdict("deterministic"), records),
+    classifiers: dict[str, Classifier] = {
+        "model": model,
+        "model, no abstention": model.with_threshold(0.0),
+        "regex rules": RegexRules(),
+        "tf-idf + logistic regression": tfidf,
+        "always retry": ConstantVerdict("nondeterministic"),
+        "never retry": ConstantVerdict("deterministic"),
     }
+    windows = [window_from_text(r.log, job_id=r.id) for r in records]
+    rows = {name: evaluate_classifier(c, records, windows=windows)
+            for name, c in classifiers.items()}
     headline = rows["model"]
     return {**{k: headline[k] for k in TABLE_KEYS}, "model_version": model.version,
             "threshold": model.threshold, "n": len(records), "overlap_with_training": overlap,

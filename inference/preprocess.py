@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import functools
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import NamedTuple
 
 from sibylla.streams.window import DEFAULT_LIMITS, TailWindow, WindowLimits
@@ -109,57 +109,53 @@ def redact(line: str) -> str:
     return _redact(line, _plain_ascii(line))
 
 
+# A cheap test, before a mask's regex scans a line, that a character the mask needs is there
+# (most lines skip most scans). ``has_digit`` is of the unmasked line: placeholders add no digit,
+# so it stays an upper bound.
+Screen = Callable[[str, bool], bool]
+
+
+def _needs_digit(line: str, has_digit: bool) -> bool:
+    return has_digit
+
+
 # Order matters: the most specific shapes first, so a UUID is not masked as hex and numbers,
 # a timestamp not as numbers, a URL not as a path.
-_MASKS: list[tuple[re.Pattern[str], str]] = [
-    (re.compile(r"\b[a-z][a-z0-9+.-]*://\S+", re.I), " <url> "),
+_MASKS: list[tuple[re.Pattern[str], str, Screen]] = [
+    (re.compile(r"\b[a-z][a-z0-9+.-]*://\S+", re.I), " <url> ", lambda line, _: "://" in line),
     (re.compile(r"\b[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}\b", re.I),
-     " <uuid> "),
+     " <uuid> ", lambda line, _: "-" in line),
     (re.compile(
         r"\b\d{4}-\d{2}-\d{2}[T ]\d{2}:\d{2}(?::\d{2}(?:[.,]\d+)?)?(?:Z|[+-]\d{2}:?\d{2})?"
         r"|\b[EWIF]\d{4} \d{2}:\d{2}:\d{2}(?:\.\d+)?"
         r"|\b\d{1,2}:\d{2}:\d{2}(?:\.\d+)?\b"
         r"|\b(?:Mon|Tue|Wed|Thu|Fri|Sat|Sun) (?:Jan|Feb|Mar|Apr|May|Jun|Jul|Aug|Sep|Oct|Nov|Dec)"
         r" +\d{1,2}\b"
-    ), " <ts> "),
+    ), " <ts> ", _needs_digit),
     (re.compile(r"\b(?:\d{1,3}\.){3}\d{1,3}(?::\d+)?\b|\[?\b[0-9a-f]{1,4}(?::[0-9a-f]{0,4}){4,7}\]?",
-                re.I), " <ip> "),
+                re.I), " <ip> ",
+     lambda line, has_digit: ":" in line or (has_digit and "." in line)),  # IPv6, IPv4
     # Windows and POSIX paths: keep the basename, it often names the failing module.
     (re.compile(r"(?<![\w<>?.])(?:[A-Za-z]:|~|\.{1,3})?(?:[\\/][^\s\\/:\"'`(),;<>\[\]{}|“”]+)+"
-                r"[\\/]"), " <path>/"),
+                r"[\\/]"), " <path>/", lambda line, _: "/" in line or "\\" in line),
     (re.compile(r"\b0x[0-9a-f]+\b|\b(?=[0-9a-f]*\d)(?=[0-9a-f]*[a-f])[0-9a-f]{8,}\b", re.I),
-     " <hex> "),
-    (re.compile(r"(?<![A-Za-z_\d])[-+]?\d+(?:[.,]\d+)*(?:e[-+]?\d+)?"), " <num> "),
+     " <hex> ", _needs_digit),
+    (re.compile(r"(?<![A-Za-z_\d])[-+]?\d+(?:[.,]\d+)*(?:e[-+]?\d+)?"), " <num> ",
+     _needs_digit),
 ]
 
 
 _SECRETS_ASCII = [_ascii_mode(pattern) for pattern in _SECRETS]
-_MASKS_ASCII = [(_ascii_mode(pattern), placeholder) for pattern, placeholder in _MASKS]
+_MASKS_ASCII = [(_ascii_mode(pattern), placeholder, screen)
+                for pattern, placeholder, screen in _MASKS]
 
 _DIGIT = re.compile(r"\d")
 
 
-def _may_match(i: int, line: str, has_digit: bool) -> bool:
-    """False when ``_MASKS[i]`` cannot match ``line``: a character it needs is missing.
-
-    Cheap substring tests skip most of the regex scans of a typical line. Placeholders add no
-    digit, so ``has_digit`` of the unmasked line stays an upper bound.
-    """
-    if i == 0:  # URL
-        return "://" in line
-    if i == 1:  # UUID
-        return "-" in line
-    if i == 3:  # IPv4 (dots and digits) or IPv6 (colons)
-        return ":" in line or (has_digit and "." in line)
-    if i == 4:  # path
-        return "/" in line or "\\" in line
-    return has_digit  # timestamps, hex, numbers
-
-
 def _mask(line: str, plain: bool) -> str:
     has_digit = _DIGIT.search(line) is not None
-    for i, (pattern, placeholder) in enumerate(_MASKS_ASCII if plain else _MASKS):
-        if _may_match(i, line, has_digit):
+    for pattern, placeholder, may_match in _MASKS_ASCII if plain else _MASKS:
+        if may_match(line, has_digit):
             line = pattern.sub(placeholder, line)
     return line
 

@@ -72,3 +72,12 @@ def test_the_shipped_model_loads_and_tells_a_bug_from_a_flaky_network() -> None:
     assert classifier.version == classifier.meta["version"]
     assert classifier.meta["metrics"]["held_out_file"] == "real_public_d.jsonl"
 
+
+
+def test_a_window_of_blank_lines_is_no_log_for_the_model_and_the_pipeline(tiny: Checkpoint
+                                                                          ) -> None:
+    blank = LogWindow("j", 0, tail=["", "   ", "\t"])
+    assert blank.empty
+    assert not LogWindow("j", 0, tail=["", "Killed"]).empty
+    [prediction] = ModelClassifier(tiny, device="cpu").predict([blank])
+    assert (prediction.verdict, prediction.category) == ("unknown", NO_LOG)
