@@ -32,8 +32,8 @@ from sibylla.inference.api import Classifier, LogWindow, Prediction
 from sibylla.schemas.records import Decision, ModelAnnouncement, RecordError, parse_job_event
 from sibylla.streams.agents import Pipeline
 from sibylla.streams.app import RAW, raw_table
-from sibylla.streams.keys import attempt_key, partition_of, split_key
-from sibylla.streams.state import live_get, live_items
+from sibylla.streams.keys import attempt_key
+from sibylla.streams.state import live_get, live_items_of
 
 from .announce import AnnouncementError, verify
 from .committee import build_committee
@@ -150,9 +150,8 @@ class OnlineLearning:
         """Drop the votes of this partition's attempts older than the TTL (in an event of
         that partition, so the deletions reach its changelog); returns how many."""
         horizon, partitions = now - self.s.votes_ttl_s, self.p.settings.partitions
-        old = [key for key, value in live_items(self.votes)
-               if partition_of(split_key(key)[0], partitions) == partition
-               and AttemptRecord.from_bytes(value).created_at < horizon]
+        old = [key for key, value in live_items_of(self.votes, partition, partitions)
+               if AttemptRecord.from_bytes(value).created_at < horizon]
         for key in old:
             del self.votes[key]
         return len(old)

@@ -47,7 +47,7 @@ from sibylla.streams.batcher import MicroBatcher
 from sibylla.streams.keys import attempt_key, partition_of, split_key
 from sibylla.streams.metrics import WorkerMetrics
 from sibylla.streams.policy import make_decision
-from sibylla.streams.state import WindowCache, live_get, live_items
+from sibylla.streams.state import WindowCache, live_get, live_items, live_items_of
 from sibylla.streams.window import WindowLimits
 from sibylla.streams.window_store import WindowStore
 
@@ -219,10 +219,8 @@ class Pipeline:
         """Forget decisions older than the TTL: they only guard against replays, which come
         minutes after a crash, not days."""
         horizon = now - self.settings.window_ttl_s
-        for key, value in live_items(self.t.decided):
+        for key, value in live_items_of(self.t.decided, partition, self.settings.partitions):
             job_id, attempt = split_key(key)
-            if partition_of(job_id, self.settings.partitions) != partition:
-                continue
             if orjson.loads(value)["decided_at"] < horizon:
                 del self.t.decided[key]
                 if live_get(self.t.latest, job_id) == str(attempt).encode():

@@ -8,6 +8,8 @@ may contain any character but an attempt number never contains a colon.
 
 from __future__ import annotations
 
+import functools
+
 from aiokafka.partitioner import murmur2
 
 __all__ = ["attempt_key", "partition_of", "split_key"]
@@ -23,6 +25,7 @@ def split_key(key: str) -> tuple[str, int]:
     return job_id, int(attempt)
 
 
+@functools.lru_cache(maxsize=1 << 16)  # pure, and asked again for the same jobs by every sweep
 def partition_of(job_id: str, partitions: int) -> int:
     """The partition Kafka's default partitioner (murmur2, as in the Java client and aiokafka)
     gives a record keyed by ``job_id``. Producers must use it for co-partitioning; librdkafka

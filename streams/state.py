@@ -15,7 +15,7 @@ from sibylla.streams.keys import partition_of, split_key
 from sibylla.streams.window import TailWindow
 from sibylla.streams.window_store import WindowStore
 
-__all__ = ["WindowCache", "live_get", "live_items"]
+__all__ = ["WindowCache", "live_get", "live_items", "live_items_of"]
 
 
 def _text(key: Any) -> str:
@@ -37,6 +37,17 @@ def live_items(table: Any) -> Iterator[tuple[str, bytes]]:
             yield _text(key), value
 
 
+def live_items_of(table: Any, partition: int, partitions: int) -> Iterator[tuple[str, bytes]]:
+    """The live items of one partition's attempts (attempt keys). Keys are filtered before any
+    value is read: with the RocksDB store each value is a read, and sweeps run per partition."""
+    for raw_key in list(table.keys()):
+        key = _text(raw_key)
+        if partition_of(split_key(key)[0], partitions) == partition:
+            value = table.get(raw_key)
+            if isinstance(value, bytes) and value:
+                yield key, value
+
+
 class WindowCache:
     """Decoded windows by partition, loaded lazily from the durable table."""
 
@@ -53,12 +64,8 @@ class WindowCache:
 
     def _load(self, partition: int) -> dict[str, TailWindow]:
         """Windows of ``partition`` that the table holds (after a restart or a rebalance)."""
-        loaded: dict[str, TailWindow] = {}
-        for key, header in live_items(self.store.headers):
-            job_id, _ = split_key(key)
-            if partition_of(job_id, self.partitions) == partition:
-                loaded[key] = self.store.load(key, header)
-        return loaded
+        return {key: self.store.load(key, header)
+                for key, header in live_items_of(self.store.headers, partition, self.partitions)}
 
     def get(self, partition: int, key: str) -> TailWindow | None:
         return self._part(partition).get(key)

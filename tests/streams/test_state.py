@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from sibylla.streams.keys import attempt_key, partition_of, split_key
-from sibylla.streams.state import WindowCache, live_items
+from sibylla.streams.state import WindowCache, live_items, live_items_of
 from sibylla.streams.window import TailWindow, WindowLimits
 from sibylla.streams.window_store import WindowStore
 
@@ -53,3 +53,12 @@ def test_partition_of_agrees_with_the_producers_partitioner() -> None:
         job = f"llm-pretrain-{i}"
         assert partition_of(job, 12) == partitioner(job.encode(), list(range(12)),
                                                      list(range(12)))
+
+
+def test_a_partitions_live_items_are_its_attempts_without_deletion_markers() -> None:
+    table = {attempt_key(f"job-{i}", 0): f"v{i}".encode() for i in range(40)}
+    table[attempt_key("job-gone", 0)] = None  # a deletion changelog recovery left behind
+    mine = dict(live_items_of(table, 2, 4))
+    assert mine == {k: v for k, v in table.items()
+                    if v and partition_of(split_key(k)[0], 4) == 2}
+    assert mine and len(mine) < 40
