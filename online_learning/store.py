@@ -70,15 +70,12 @@ class ModelStore:
         return [ModelEntry(**raw) for raw in self._read()["models"]]
 
     def get(self, version: str) -> ModelEntry:
-        for entry in self.entries():
-            if entry.version == version and entry.file:
-                return entry
-        raise KeyError(f"no stored model {version!r}")
+        return _stored(self._read(), version)
 
     @property
     def current(self) -> ModelEntry | None:
-        version = self._read()["current"]
-        return self.get(version) if version else None
+        index = self._read()
+        return _stored(index, index["current"]) if index["current"] else None
 
     def path(self, entry: ModelEntry) -> Path:
         return self.root / entry.file
@@ -100,8 +97,16 @@ class ModelStore:
 
     def set_current(self, version: str) -> ModelEntry:
         """Make a stored model the current one (promotion, or an operator's rollback)."""
-        entry = self.get(version)
         index = self._read()
+        entry = _stored(index, version)
         index["current"] = version
         self._write(index)
         return entry
+
+
+def _stored(index: dict[str, Any], version: str) -> ModelEntry:
+    """The entry of a stored (promoted or base) model in one read of the index."""
+    for raw in index["models"]:
+        if raw["version"] == version and raw["file"]:
+            return ModelEntry(**raw)
+    raise KeyError(f"no stored model {version!r}")
