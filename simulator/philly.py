@@ -13,7 +13,7 @@ from __future__ import annotations
 import datetime as dt
 from collections import Counter
 from collections.abc import Iterable, Iterator, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -91,13 +91,8 @@ def jobs_from_philly(entries: Iterable[Mapping[str, Any]]) -> PhillyTrace:
             trace.jobs.append(got)
     if trace.jobs:
         t0 = min(j.submit for j in trace.jobs)
-        trace.jobs = sorted(
-            (
-                Job(j.job_id, j.submit - t0, j.gpus, j.duration, j.outcome, j.fail_after)
-                for j in trace.jobs
-            ),
-            key=lambda j: j.submit,
-        )
+        trace.jobs = sorted((replace(j, submit=j.submit - t0) for j in trace.jobs),
+                            key=lambda j: j.submit)
     return trace
 
 

@@ -17,14 +17,13 @@ import numpy as np
 
 from sibylla.inference.taxonomy import DETERMINISTIC, NONDETERMINISTIC
 from sibylla.simulator.jobs import Job
+from sibylla.simulator.reliability import DAY_S
 
 __all__ = [
     "PhillyLikeParams",
     "generate",
     "servers_for_load",
 ]
-
-DAY_S = 86_400.0
 
 
 @dataclass(frozen=True, slots=True)
