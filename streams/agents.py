@@ -158,6 +158,7 @@ class Pipeline:
         partition = events[0].message.partition
         now = time.time()
         touched: dict[str, Any] = {}
+        decided_in_batch: dict[str, bool] = {}
         ended: list[tuple[str, int]] = []
         lines = nbytes = late = 0
         for event in events:
@@ -174,7 +175,10 @@ class Pipeline:
                 m.rekeyed.inc()
                 continue
             key = attempt_key(chunk.job_id, chunk.attempt)
-            if live_get(decided, key) is not None:
+            was_decided = decided_in_batch.get(key)
+            if was_decided is None:  # one table read per attempt per batch, not per record
+                was_decided = decided_in_batch[key] = live_get(decided, key) is not None
+            if was_decided:
                 late += len(chunk.lines)
                 continue
             window = cache.get_or_create(partition, key)
