@@ -8,6 +8,7 @@ the real corpus, on generated logs or on adversarial lines fails here.
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Iterable, Sequence
 
@@ -139,12 +140,15 @@ def _reference_ids(window: LogWindow, vocab: Vocabulary) -> tuple[list[int], lis
     return vocab.encode(tokens), owners, lines
 
 
-_VOCAB = load_checkpoint().vocab  # the shipped model's vocabulary
+@functools.cache
+def _shipped_vocab() -> Vocabulary:
+    """The shipped model's vocabulary, loaded once when a test first needs it."""
+    return load_checkpoint().vocab
 
 
 @pytest.fixture(scope="module")
 def vocab() -> Vocabulary:
-    return _VOCAB
+    return _shipped_vocab()
 
 
 def _assert_same(window: LogWindow, vocab: Vocabulary) -> None:
@@ -208,7 +212,7 @@ def test_augmented_and_odd_text_gives_the_same_ids(vocab: Vocabulary) -> None:
 @given(st.lists(st.text(st.characters(blacklist_categories=("Cs",)), max_size=120),
                 max_size=30))
 def test_arbitrary_lines_give_the_same_ids(lines: list[str]) -> None:
-    vocab = _VOCAB
+    vocab = _shipped_vocab()
     window = LogWindow("j", 0, tail=lines, first_error=lines[:5])
     _assert_same(window, vocab)
     for line in lines:
