@@ -10,12 +10,10 @@ import asyncio
 import time
 from typing import Any
 
-from sibylla.settings import add_settings_arguments, settings_from_args
+from sibylla.settings import CONNECTION, add_settings_arguments, settings_from_args
 
 __all__ = ["register"]
 
-CONNECTION = {"bootstrap_servers", "topic_prefix", "security_protocol", "sasl_mechanism",
-              "sasl_username", "sasl_password", "ssl_cafile", "ssl_certfile", "ssl_keyfile"}
 
 
 def _models_dir(parser: argparse.ArgumentParser) -> None:

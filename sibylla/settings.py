@@ -11,12 +11,12 @@ the online-learning settings (``online_learning/settings.py``).
 import argparse
 import dataclasses
 import os
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, get_args
 
-__all__ = ["Settings", "SettingsError", "add_settings_arguments", "check_bounds",
+__all__ = ["CONNECTION", "Settings", "SettingsError", "add_settings_arguments", "check_bounds",
            "check_fields", "parse_setting", "setting", "settings_from_args", "values_from_env"]
 
 ENV_PREFIX = "SIBYLLA_"
@@ -230,7 +230,14 @@ def check_bounds(f: dataclasses.Field[Any], value: Any, name: str) -> None:
         raise SettingsError(f"{name}={value!r}: must be <= {hi}")
 
 
-def add_settings_arguments(parser: argparse.ArgumentParser, only: set[str] | None = None) -> None:
+# The settings a client of Sibylla's topics needs (``--only`` of CLIs that only read or write).
+CONNECTION = frozenset({"bootstrap_servers", "topic_prefix", "security_protocol",
+                        "sasl_mechanism", "sasl_username", "sasl_password", "ssl_cafile",
+                        "ssl_certfile", "ssl_keyfile"})
+
+
+def add_settings_arguments(parser: argparse.ArgumentParser,
+                           only: Collection[str] | None = None) -> None:
     """Add a ``--flag`` for every setting (or those in ``only``) to a CLI parser."""
     group = parser.add_argument_group("settings (also SIBYLLA_<NAME> variables)")
     for f in dataclasses.fields(Settings):

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from sibylla.settings import add_settings_arguments, settings_from_args
+from sibylla.settings import CONNECTION, add_settings_arguments, settings_from_args
 
 __all__ = ["register"]
 
@@ -29,9 +29,7 @@ def register(subparsers: Any) -> None:
     p.add_argument("--follow", action="store_true", help="keep waiting for new decisions")
     p.add_argument("--from-beginning", action="store_true",
                    help="start at the oldest decision kept (default: with --follow, new ones)")
-    add_settings_arguments(p, only={"bootstrap_servers", "topic_prefix", "security_protocol",
-                                    "sasl_mechanism", "sasl_username", "sasl_password",
-                                    "ssl_cafile", "ssl_certfile", "ssl_keyfile"})
+    add_settings_arguments(p, only=CONNECTION)
     p.set_defaults(func=_decisions)
 
     p = subparsers.add_parser("ship", help="publish a job's log file to Kafka as LogBatch "

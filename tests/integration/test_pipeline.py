@@ -177,6 +177,9 @@ def test_a_killed_worker_loses_no_line_and_no_decision(broker, unique_prefix: st
         while (metric(worker.metrics_text(), "sibylla_log_lines_ingested_total") == 0
                and time.monotonic() < deadline):
             time.sleep(0.05)
+        # Else the crash would come before any state: not the crash this test is about.
+        assert metric(worker.metrics_text(), "sibylla_log_lines_ingested_total") > 0, \
+            worker.tail()
         worker.kill()
     finally:
         worker.kill()
