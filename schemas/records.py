@@ -10,12 +10,21 @@ records to the dead-letter topic.
 from __future__ import annotations
 
 import base64
+import hashlib
 import time
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any, Literal, TypeVar
 
 import orjson
+
+from sibylla.schemas.validate import (
+    Check,
+    ValidationFailure,
+    compile_schema,
+    load_schema,
+    schema_check,
+)
 
 __all__ = [
     "SCHEMA_VERSION",
@@ -36,19 +45,14 @@ __all__ = [
 ]
 
 SCHEMA_VERSION = 1
-MAX_JOB_ID = 256
 
 Verdict = Literal["deterministic", "nondeterministic", "unknown"]
 Action = Literal["do_not_retry", "retry", "retry_elsewhere", "default_policy"]
 
-JOB_STATES = frozenset(
-    {"COMPLETED", "FAILED", "NODE_FAIL", "TIMEOUT", "CANCELLED", "PREEMPTED", "OUT_OF_MEMORY"}
-)
 # States that make a finished attempt a failure Sibylla must judge. CANCELLED is a user's
 # choice and PREEMPTED a scheduler's, not failures of the job; both release the window unless
 # the exit code says otherwise.
 FAILED_STATES = frozenset({"FAILED", "NODE_FAIL", "OUT_OF_MEMORY", "TIMEOUT"})
-_STREAMS = ("stdout", "stderr")
 
 
 class RecordError(ValueError):
@@ -100,13 +104,27 @@ class LogChunk:
     eos: bool = False
 
 
-def _as_int(value: Any) -> int | None:
-    """An integer as JSON Schema sees it (``2.0`` is one), else None. Booleans are not."""
-    if type(value) is int:
-        return value
-    if type(value) is float and value.is_integer():
-        return int(value)
-    return None
+def _as_int(value: Any) -> int:
+    """An integer the schema accepted (JSON Schema counts ``2.0`` as one) as a Python int."""
+    return value if type(value) is int else int(value)
+
+
+def _checked(check: Check, record: dict[str, Any]) -> None:
+    try:
+        check(record, "")
+    except ValidationFailure as exc:
+        raise RecordError(str(exc)) from None
+
+
+_LOGLINE = schema_check("logline.schema.json")
+_LOGBATCH = schema_check("logbatch.schema.json")
+# A bare end-of-stream marker (``{"job_id": .., "eos": true}``) is a LogLine without a line:
+# the same rules for every field it has.
+_EOS_MARKER = compile_schema({**load_schema("logline.schema.json"), "required": ["job_id"]})
+_JOBEVENT = schema_check("jobevent.schema.json")
+_JOB_KEY = compile_schema({"type": "object", "required": ["job_id"], "properties": {
+    name: load_schema("jobevent.schema.json")["properties"][name]
+    for name in ("job_id", "attempt")}})
 
 
 R = TypeVar("R")
@@ -124,8 +142,10 @@ def from_known_fields(cls: type[R], raw: Mapping[str, Any]) -> R:
     return cls(**{k: v for k, v in raw.items() if k in known})
 
 
-def load_json_object(value: bytes) -> dict[str, Any]:
+def load_json_object(value: bytes | None) -> dict[str, Any]:
     """A record's JSON object; :class:`RecordError` when it is not one."""
+    if value is None:
+        raise RecordError("tombstone: the record has no value")
     try:
         record = orjson.loads(value)
     except orjson.JSONDecodeError as exc:
@@ -137,53 +157,41 @@ def load_json_object(value: bytes) -> dict[str, Any]:
 
 def job_key(record: dict[str, Any]) -> tuple[str, int]:
     """A record's validated (job_id, attempt); the attempt defaults to 0."""
-    job_id = record.get("job_id")
-    if not isinstance(job_id, str) or not job_id:
-        raise RecordError("missing job_id (a non-empty string)")
-    if len(job_id) > MAX_JOB_ID:
-        raise RecordError(f"job_id longer than {MAX_JOB_ID} characters")
-    attempt = _as_int(record.get("attempt", 0))
-    if attempt is None or attempt < 0:
-        raise RecordError("attempt must be an integer >= 0")
-    return job_id, attempt
+    _checked(_JOB_KEY, record)
+    return record["job_id"], _as_int(record.get("attempt", 0))
 
 
-def _check_line(entry: Any, max_line_bytes: int, where: str) -> str:
-    if not isinstance(entry, dict):
-        raise RecordError(f"{where} is not an object")
-    line = entry.get("line")
-    if not isinstance(line, str):
-        raise RecordError(f"{where}.line must be a string")
+def _line_within(line: str, max_line_bytes: int, where: str) -> str:
     # len() counts code points; UTF-8 needs at most 4 bytes each, so only long lines pay
     # for an exact byte count.
     if len(line) * 4 > max_line_bytes and len(line.encode()) > max_line_bytes:
-        raise RecordError(f"{where}.line longer than {max_line_bytes} bytes")
-    stream = entry.get("stream", "stdout")
-    if stream not in _STREAMS:
-        raise RecordError(f"{where}.stream must be stdout or stderr")
+        raise RecordError(f"{where} longer than {max_line_bytes} bytes")
     return line
 
 
 def parse_log_record(
-    value: bytes, max_line_bytes: int, field_map: FieldMap | None = None
+    value: bytes | None, max_line_bytes: int, field_map: FieldMap | None = None
 ) -> LogChunk:
-    """Parse one record of the logs topic, a LogLine or a LogBatch, into a :class:`LogChunk`."""
+    """Parse one record of the logs topic, a LogLine or a LogBatch, into a :class:`LogChunk`.
+
+    The rules are the schema files' (``logline``, ``logbatch``) plus the worker's line length
+    limit, which is a setting rather than part of the contract.
+    """
     record = load_json_object(value)
     if field_map is not None:
         field_map.apply(record)
-    job_id, attempt = job_key(record)
-    eos = record.get("eos", False)
-    if type(eos) is not bool:
-        raise RecordError("eos must be a boolean")
-    if "lines" not in record:
-        if "line" not in record and eos:
-            return LogChunk(job_id, attempt, [], True)  # a bare end-of-stream marker
-        return LogChunk(job_id, attempt, [_check_line(record, max_line_bytes, "record")], eos)
-    batch = record["lines"]
-    if not isinstance(batch, list):
-        raise RecordError("lines must be a list")
-    lines = [_check_line(e, max_line_bytes, f"lines[{i}]") for i, e in enumerate(batch)]
-    return LogChunk(job_id, attempt, lines, eos)
+    if "lines" in record:
+        _checked(_LOGBATCH, record)
+        lines = [_line_within(e["line"], max_line_bytes, f"lines[{i}].line")
+                 for i, e in enumerate(record["lines"])]
+    elif "line" not in record and record.get("eos") is True:
+        _checked(_EOS_MARKER, record)
+        lines = []
+    else:
+        _checked(_LOGLINE, record)
+        lines = [_line_within(record["line"], max_line_bytes, "line")]
+    return LogChunk(record["job_id"], _as_int(record.get("attempt", 0)), lines,
+                    record.get("eos", False))
 
 
 @dataclass(frozen=True, slots=True)
@@ -222,34 +230,17 @@ class JobEvent:
         return out
 
 
-def parse_job_event(value: bytes) -> JobEvent:
-    """Parse one record of the job-events topic."""
+def parse_job_event(value: bytes | None) -> JobEvent:
+    """Parse one record of the job-events topic (rules: ``jobevent.schema.json``)."""
     record = load_json_object(value)
-    job_id, attempt = job_key(record)
-    event = record.get("event")
-    if event not in ("started", "finished"):
-        raise RecordError("event must be started or finished")
-    state = record.get("state")
-    if state is not None and state not in JOB_STATES:
-        raise RecordError(f"state must be one of {', '.join(sorted(JOB_STATES))}")
+    _checked(_JOBEVENT, record)
     exit_code = record.get("exit_code")
-    if exit_code is not None:
-        exit_code = _as_int(exit_code)
-        if exit_code is None:
-            raise RecordError("exit_code must be an integer")
     signal = record.get("signal")
-    if signal is not None and not isinstance(signal, (int, str)):
-        raise RecordError("signal must be an integer or a name")
-    nodes = record.get("nodes", [])
-    if not isinstance(nodes, list) or not all(isinstance(n, str) for n in nodes):
-        raise RecordError("nodes must be a list of host names")
-    gpus = _as_int(record.get("gpus", 0))
-    if gpus is None or gpus < 0:
-        raise RecordError("gpus must be an integer >= 0")
-    ts = record.get("ts")
-    if ts is not None and not isinstance(ts, (int, float, str)):
-        raise RecordError("ts must be epoch seconds or an RFC 3339 string")
-    return JobEvent(job_id, attempt, event, state, exit_code, signal, tuple(nodes), gpus, ts)
+    return JobEvent(
+        record["job_id"], _as_int(record.get("attempt", 0)), record["event"],
+        record.get("state"), None if exit_code is None else _as_int(exit_code),
+        _as_int(signal) if type(signal) is float else signal, tuple(record.get("nodes", ())),
+        _as_int(record.get("gpus", 0)), record.get("ts"))
 
 
 @dataclass(frozen=True, slots=True)
@@ -337,29 +328,53 @@ class ModelAnnouncement:
         return from_known_fields(cls, load_json_object(value))
 
 
+# A dead letter carries its original record whole up to this size, else an excerpt: base64
+# inflates by a third, and a record near the broker's message limit (1 MiB by default) would
+# otherwise make a dead letter the broker refuses, and the record would be lost.
+DEAD_LETTER_MAX_BYTES = 64 * 1024
+_MAX_REASON = 1024
+
+
+def _excerpt(data: bytes | None, limit: int, name: str) -> dict[str, Any]:
+    """``data`` in base64, whole or its first ``limit`` bytes with its size and sha256."""
+    if data is None:
+        return {f"{name}_b64": None}
+    if len(data) <= limit:
+        return {f"{name}_b64": base64.b64encode(data).decode()}
+    return {f"{name}_b64": base64.b64encode(data[:limit]).decode(), f"{name}_truncated": True,
+            f"{name}_size": len(data), f"{name}_sha256": hashlib.sha256(data).hexdigest()}
+
+
 @dataclass(frozen=True, slots=True)
 class DeadLetter:
-    """A rejected record, its reason and its original bytes, for an operator to inspect."""
+    """A rejected record, its reason and its original bytes, for an operator to inspect.
+
+    ``value`` is None for a tombstone. Bytes beyond :data:`DEAD_LETTER_MAX_BYTES` are cut
+    (``value_truncated``, with the original's size and sha256): the original stays at its
+    topic, partition and offset for as long as that topic's retention keeps it.
+    """
 
     reason: str
     topic: str
     partition: int
     offset: int
     key: bytes | None
-    value: bytes
+    value: bytes | None
     agent: str
     at: float = field(default_factory=time.time)
 
-    def to_json(self) -> bytes:
+    def to_json(self, max_bytes: int = DEAD_LETTER_MAX_BYTES) -> bytes:
+        reason = self.reason if len(self.reason) <= _MAX_REASON else (
+            self.reason[:_MAX_REASON] + "...")
         return orjson.dumps(
             {
                 "schema_version": SCHEMA_VERSION,
-                "reason": self.reason,
+                "reason": reason,
                 "topic": self.topic,
                 "partition": self.partition,
                 "offset": self.offset,
-                "key_b64": base64.b64encode(self.key).decode() if self.key is not None else None,
-                "value_b64": base64.b64encode(self.value).decode(),
+                **_excerpt(self.key, max_bytes, "key"),
+                **_excerpt(self.value, max_bytes, "value"),
                 "agent": self.agent,
                 "at": self.at,
             }

@@ -13,17 +13,25 @@ At least once: an event is acknowledged only after its table writes and sends ar
 faust flushes the producer before it commits offsets (sends use ``force=True``: faust would
 otherwise hold them back until the next commit, adding up to a commit interval of latency),
 so a crash replays events whose effects may be lost and loses nothing. Replays are idempotent:
-an attempt found in the decided table is never classified again, so it never gets a second,
-different verdict.
+an attempt found in the decided table is never classified again. It is written there only once
+the broker has acknowledged the decision, because the local store (RocksDB) survives a SIGKILL
+that the producer's buffer does not: marked first, a decision killed in the buffer would be
+skipped by every replay.
+
+One record never takes others with it: faust acknowledges a whole ``take_events`` batch when
+the agent leaves it, however it leaves, so every record is handled inside the loop, and one
+that cannot be (whatever it holds) goes to the dead-letter topic with the reason.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
+import os
 import time
 import weakref
 from collections.abc import Awaitable, Callable, Sequence
-from typing import Any
+from typing import Any, TypeVar
 
 import orjson
 from faust.streams import _current_event  # read by faust.current_event(); no public setter
@@ -35,6 +43,7 @@ from sibylla.schemas.records import (
     Decision,
     FieldMap,
     JobEvent,
+    LogChunk,
     RecordError,
     job_key,
     load_json_object,
@@ -45,13 +54,16 @@ from sibylla.simulator.reliability import FailureRateEstimator
 from sibylla.streams.app import Topology
 from sibylla.streams.batcher import MicroBatcher
 from sibylla.streams.keys import attempt_key, partition_of, split_key
+from sibylla.streams.lag import LagProbe
 from sibylla.streams.metrics import WorkerMetrics
-from sibylla.streams.policy import make_decision
+from sibylla.streams.policy import CLASSIFIER_ERROR_CATEGORY, make_decision
 from sibylla.streams.state import WindowCache, live_get, live_items, live_items_of
 from sibylla.streams.window import WindowLimits
 from sibylla.streams.window_store import WindowStore
 
 __all__ = ["Pipeline"]
+
+R = TypeVar("R")
 
 log = logging.getLogger(__name__)
 
@@ -62,6 +74,10 @@ EVENTS_WITHIN_S = 0.01
 SWEEP_EVERY_S = 30.0
 REQUEST_RETRY_S = 10.0  # re-request a decision not made within this (e.g. after a crash)
 CATCH_UP_LIMIT_S = 30.0  # longest wait past the grace period for ingest to catch up
+
+
+def _decide_request_key(value: bytes | None) -> str:
+    return attempt_key(*job_key(load_json_object(value)))
 
 
 class Pipeline:
@@ -91,6 +107,9 @@ class Pipeline:
         self.decided_hooks: list[Callable[[LogWindow, Decision], Awaitable[None]]] = []
         self._windows_swept: dict[int, float] = {}  # partition -> last TTL sweep
         self._decisions_swept: dict[int, float] = {}
+        # Offsets asked of the broker out of band (bounded waits), and the lag gauge's source.
+        self.offsets = LagProbe(s, [s.topic("logs"), s.topic("job-events"),
+                                    s.topic("decide-requests")])
 
     # ---------------------------------------------------------------- set-up
     def register(self) -> None:
@@ -125,13 +144,36 @@ class Pipeline:
 
     # ---------------------------------------------------------------- helpers
     async def _dead_letter(self, event: Any, reason: str, agent: str) -> None:
+        """Send a record the agent cannot take to the dead-letter topic. If even that fails,
+        the worker exits at once: its batch is then never acknowledged, and a restart replays
+        it, where carrying on would acknowledge a record that went nowhere."""
         msg = event.message
-        letter = DeadLetter(reason, msg.topic, msg.partition, msg.offset, msg.key, msg.value,
-                            agent)
-        await self.t.deadletter.send(key=msg.key, value=letter.to_json(), force=True)
+        try:
+            letter = DeadLetter(reason, msg.topic, msg.partition, msg.offset, msg.key,
+                                msg.value, agent)
+            await self.t.deadletter.send(key=msg.key, value=letter.to_json(), force=True)
+        except Exception:  # noqa: BLE001 - see the docstring
+            log.critical("cannot dead-letter %s[%d]@%d; exiting so that a restart replays it",
+                         msg.topic, msg.partition, msg.offset, exc_info=True)
+            logging.shutdown()
+            os._exit(70)
         self.metrics.dead_letters.labels(topic=msg.topic).inc()
         log.warning("dead letter from %s[%d]@%d: %s", msg.topic, msg.partition, msg.offset,
                     reason)
+
+    async def _parsed(self, event: Any, parse: Callable[[Any], R], agent: str) -> R | None:
+        """``parse(value)``, or None once the record is dead-lettered: for a contract
+        violation with its reason, for anything else with the error (a parser bug must cost
+        one record, not the batch faust would acknowledge with it)."""
+        try:
+            return parse(event.message.value)
+        except RecordError as exc:
+            reason = str(exc)
+        except Exception as exc:  # noqa: BLE001 - see the docstring
+            log.exception("%s could not parse a record", agent)
+            reason = f"internal error: {type(exc).__name__}: {exc}"
+        await self._dead_letter(event, reason, agent)
+        return None
 
     async def _request_decision(self, job_id: str, attempt: int) -> None:
         self._requested[attempt_key(job_id, attempt)] = time.monotonic()
@@ -152,8 +194,11 @@ class Pipeline:
         async for events in stream.take_events(INGEST_BATCH, INGEST_WITHIN_S):
             await self._ingest_batch(events)
 
+    def _parse_log(self, value: bytes | None) -> LogChunk:
+        return parse_log_record(value, self.settings.max_line_bytes, self.field_map)
+
     async def _ingest_batch(self, events: Sequence[Any]) -> None:
-        s, m, cache = self.settings, self.metrics, self.cache
+        m, cache = self.metrics, self.cache
         decided, pending = self.t.decided, self.t.pending
         partition = events[0].message.partition
         now = time.time()
@@ -161,12 +206,11 @@ class Pipeline:
         decided_in_batch: dict[str, bool] = {}
         ended: list[tuple[str, int]] = []
         lines = nbytes = late = 0
+        parse = self._parse_log
         for event in events:
             msg = event.message
-            try:
-                chunk = parse_log_record(msg.value, s.max_line_bytes, self.field_map)
-            except RecordError as exc:
-                await self._dead_letter(event, str(exc), "ingest")
+            chunk = await self._parsed(event, parse, "ingest")
+            if chunk is None:
                 continue
             if msg.key != chunk.job_id.encode():
                 # Keyed otherwise, it sits on a partition that may not hold the job's window:
@@ -234,13 +278,17 @@ class Pipeline:
     async def _terminations(self, stream: Any) -> None:
         async for events in stream.take_events(EVENTS_BATCH, EVENTS_WITHIN_S):
             for event in events:
-                await self._on_job_event(event)
+                try:
+                    await self._on_job_event(event)
+                except Exception as exc:  # noqa: BLE001 - one event never takes the batch
+                    log.exception("job event %s[%d]@%d failed", event.message.topic,
+                                  event.message.partition, event.message.offset)
+                    await self._dead_letter(
+                        event, f"internal error: {type(exc).__name__}: {exc}", "terminations")
 
     async def _on_job_event(self, event: Any) -> None:
-        try:
-            job = parse_job_event(event.message.value)
-        except RecordError as exc:
-            await self._dead_letter(event, str(exc), "terminations")
+        job = await self._parsed(event, parse_job_event, "terminations")
+        if job is None:
             return
         self.metrics.job_events.labels(event=job.event, state=job.state or "").inc()
         self.reliability.observe(job, time.time())
@@ -264,9 +312,9 @@ class Pipeline:
             # The end of the job's log partition now: lines printed before the job ended lie
             # below it, and the decision waits until ingest has taken them (a backlog after a
             # restart can outlast the grace period). Asked of the broker: the consumer's own
-            # high-water mark is stale for partitions paused by flow control.
-            tp = TP(self.t.logs.get_topic_name(), partition)
-            log_end = (await self.t.app.consumer.highwaters(tp)).get(tp)
+            # high-water mark is stale for partitions paused by flow control. No answer in
+            # time: the decision waits out the grace period only.
+            log_end = await self.offsets.end_offset(self.t.logs.get_topic_name(), partition)
             self.in_event(event)
         self.t.pending[key] = orjson.dumps(
             {"event": job.to_dict(), "event_time": event_time, "deadline": time.time() + grace,
@@ -309,10 +357,10 @@ class Pipeline:
         taken = self._ingested.get(partition)
         if taken is not None:
             return taken + 1 >= log_end
-        # Nothing taken since this worker got the partition: is anything left to read?
-        tp = TP(self.t.logs.get_topic_name(), partition)
-        position = await self.t.app.consumer.position(tp)
-        return position is not None and position >= log_end
+        # Nothing taken since this worker got the partition: was it all taken before?
+        committed = await self.offsets.committed_offset(self.t.logs.get_topic_name(),
+                                                        partition)
+        return committed is not None and committed >= log_end
 
     # ---------------------------------------------------------------- decide
     async def _decide(self, stream: Any) -> None:
@@ -327,12 +375,8 @@ class Pipeline:
         partition = events[0].message.partition
         todo: dict[str, tuple[Any, JobEvent, float, LogWindow]] = {}
         for event in events:
-            try:
-                key = attempt_key(*job_key(load_json_object(event.message.value)))
-            except RecordError as exc:
-                await self._dead_letter(event, f"bad decide request: {exc}", "decide")
-                continue
-            if key in todo:
+            key = await self._parsed(event, _decide_request_key, "decide")
+            if key is None or key in todo:
                 continue
             if live_get(self.t.decided, key) is not None:
                 self._requested.pop(key, None)
@@ -353,16 +397,29 @@ class Pipeline:
             self._expire_decisions(partition, now)
         if not todo:
             return
-        to_classify = [w for (_, _, _, w) in todo.values() if not w.empty]
+        predictions = await self._classify([w for (_, _, _, w) in todo.values()])
+        if predictions is None:
+            return  # the requests stay pending: the timer asks again (REQUEST_RETRY_S)
         version = self.classifier.version
-        predictions = iter(await self.batcher.submit_many(to_classify) if to_classify else [])
-        for key, (event, job, event_time, window) in todo.items():
-            prediction = None if window.empty else next(predictions)
+        made = []
+        for (key, (event, job, event_time, window)), prediction in zip(
+                todo.items(), predictions, strict=True):
             decision = make_decision(job, window, prediction, version, time.time(), event_time,
                                      explore_rate=self.settings.explore_rate,
                                      explore_max_confidence=self.settings.explore_max_confidence)
             value = decision.to_json()
-            await self.t.decisions.send(key=job.job_id.encode(), value=value, force=True)
+            delivered = await self.t.decisions.send(key=job.job_id.encode(), value=value,
+                                                    force=True)
+            made.append((key, event, job, window, decision, value, delivered))
+        # Only what the broker holds is marked decided (see the module's docstring). A decision
+        # it refused stays pending and is made again.
+        outcomes = await asyncio.gather(*(d for *_, d in made), return_exceptions=True)
+        for (key, event, job, window, decision, value, _), outcome in zip(
+                made, outcomes, strict=True):
+            if isinstance(outcome, BaseException):
+                log.warning("decision for %s not delivered (%r); it will be made again",
+                            key, outcome)
+                continue
             self.in_event(event)
             self.t.decided[key] = value
             self.t.latest[job.job_id] = str(job.attempt).encode()
@@ -375,3 +432,29 @@ class Pipeline:
             self.metrics.decision_latency.observe(decision.latency_ms / 1000.0)
             for hook in self.decided_hooks:
                 await hook(window, decision)
+
+    async def _classify(self, windows: list[LogWindow]) -> list[Prediction | None] | None:
+        """A prediction per window (None for an empty one). When the model fails on a batch,
+        each window is tried alone, so one window the model cannot take costs only its own
+        verdict: ``unknown`` (the scheduler's default policy), never a guess. None when the
+        model fails on every window (it is broken, not the windows): nothing is decided."""
+        to_classify = [w for w in windows if not w.empty]
+        try:
+            found = iter(await self.batcher.submit_many(to_classify) if to_classify else [])
+            return [None if w.empty else next(found) for w in windows]
+        except Exception:  # noqa: BLE001 - logged by the batcher; retried one by one below
+            pass
+        alone: list[Prediction | None] = []
+        failures = 0
+        for window in windows:
+            if window.empty:
+                alone.append(None)
+                continue
+            try:
+                alone.append((await self.batcher.submit_many([window]))[0])
+            except Exception:  # noqa: BLE001 - this window is decided unknown
+                failures += 1
+                alone.append(Prediction("unknown", 0.0, CLASSIFIER_ERROR_CATEGORY, []))
+        if failures == len(to_classify):
+            return None
+        return alone

@@ -4,10 +4,19 @@ Measured from outside the worker's own consumer (a consumer of the group's id th
 subscribes, so it never joins the group nor commits), so it counts what the group has
 committed, which is what a restart resumes from. (An admin client's group-offsets request is
 not understood by every Kafka-compatible broker; the consumer's offset fetch is.)
+
+The agents ask it too, for a partition's end offset and the group's committed offset, rather
+than faust's consumer: faust runs those requests on its consumer thread's method queue, where
+one was seen to hang for minutes after a restart, stalling the agent that awaited it and every
+job behind it on that partition. Here each question has a deadline, and no answer is an answer
+(None) the caller knows how to live with.
 """
 
 from __future__ import annotations
 
+import asyncio
+import logging
+from collections.abc import Coroutine
 from typing import Any
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
@@ -16,23 +25,35 @@ from sibylla.settings import Settings
 
 __all__ = ["LagProbe"]
 
+log = logging.getLogger(__name__)
+
+ASK_TIMEOUT_S = 2.0
+
 
 class LagProbe:
-    """Reads the lag of one consumer group on a set of topics."""
+    """One consumer group's offsets seen from outside its consumer: the lag on a set of
+    topics for operators, a partition's end and committed offsets for the agents."""
 
     def __init__(self, settings: Settings, topics: list[str]) -> None:
         self.settings = settings
         self.topics = topics
         self._consumer: AIOKafkaConsumer | None = None
+        self._starting = asyncio.Lock()  # the lag timer and the agents ask concurrently
 
     async def _client(self) -> AIOKafkaConsumer:
-        if self._consumer is None:
-            opts: dict[str, Any] = self.settings.kafka_client_options()
-            self._consumer = AIOKafkaConsumer(
-                bootstrap_servers=self.settings.bootstrap_servers,
-                group_id=self.settings.group_id, enable_auto_commit=False, **opts)
-            await self._consumer.start()
-        return self._consumer
+        async with self._starting:
+            if self._consumer is None:
+                opts: dict[str, Any] = self.settings.kafka_client_options()
+                consumer = AIOKafkaConsumer(
+                    bootstrap_servers=self.settings.bootstrap_servers,
+                    group_id=self.settings.group_id, enable_auto_commit=False, **opts)
+                try:
+                    await consumer.start()
+                except BaseException:  # a failed or timed-out start: the next ask retries
+                    await consumer.stop()
+                    raise
+                self._consumer = consumer
+            return self._consumer
 
     async def lag(self) -> dict[tuple[str, int], int]:
         consumer = await self._client()
@@ -47,6 +68,31 @@ class LagProbe:
             done = await consumer.committed(tp) or 0
             out[(tp.topic, tp.partition)] = max(0, ends[tp] - done)
         return out
+
+    async def end_offset(self, topic: str, partition: int) -> int | None:
+        """The partition's end offset (one past its last record), or None when the broker
+        does not answer within :data:`ASK_TIMEOUT_S`."""
+        tp = TopicPartition(topic, partition)
+
+        async def ask() -> int:
+            return int((await (await self._client()).end_offsets([tp]))[tp])
+        return await self._answer(ask(), f"end offset of {topic}[{partition}]")
+
+    async def committed_offset(self, topic: str, partition: int) -> int | None:
+        """The group's committed offset of the partition (0 when none), or None when the
+        broker does not answer within :data:`ASK_TIMEOUT_S`."""
+        async def ask() -> int:
+            consumer = await self._client()
+            return int(await consumer.committed(TopicPartition(topic, partition)) or 0)
+        return await self._answer(ask(), f"committed offset of {topic}[{partition}]")
+
+    @staticmethod
+    async def _answer(question: Coroutine[Any, Any, int], what: str) -> int | None:
+        try:
+            return await asyncio.wait_for(question, ASK_TIMEOUT_S)
+        except Exception as exc:  # noqa: BLE001 - a timeout or a broker error: no answer
+            log.warning("no %s: %r", what, exc)
+            return None
 
     async def close(self) -> None:
         if self._consumer is not None:

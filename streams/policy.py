@@ -11,10 +11,12 @@ import hashlib
 from sibylla.inference.api import LogWindow, Prediction
 from sibylla.schemas.records import Action, Decision, JobEvent
 
-__all__ = ["NO_LOG_CATEGORY", "RETRY_ELSEWHERE_CATEGORIES", "action_for", "explore_draw",
-           "explores", "make_decision"]
+__all__ = ["CLASSIFIER_ERROR_CATEGORY", "NO_LOG_CATEGORY", "RETRY_ELSEWHERE_CATEGORIES",
+           "action_for", "explore_draw", "explores", "make_decision"]
 
 NO_LOG_CATEGORY = "no_log"
+# The model failed on this window alone (its batch-mates were decided): verdict unknown.
+CLASSIFIER_ERROR_CATEGORY = "classifier_error"
 
 # Failures tied to the machines the attempt ran on: retry, but not on those nodes.
 RETRY_ELSEWHERE_CATEGORIES = frozenset(

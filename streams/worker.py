@@ -25,7 +25,6 @@ from sibylla.simulator.reliability import mttf_hours
 from sibylla.streams.agents import Pipeline
 from sibylla.streams.app import build_app
 from sibylla.streams.keys import attempt_key
-from sibylla.streams.lag import LagProbe
 from sibylla.streams.state import live_get
 from sibylla.streams.topics import ensure_topics
 
@@ -57,8 +56,7 @@ def _register_pages(pipeline: Pipeline) -> None:
 
 
 def _register_lag(pipeline: Pipeline) -> None:
-    app, s = pipeline.t.app, pipeline.settings
-    probe = LagProbe(s, [s.topic("logs"), s.topic("job-events"), s.topic("decide-requests")])
+    app, probe = pipeline.t.app, pipeline.offsets
 
     @app.timer(LAG_EVERY_S, name="consumer_lag")
     async def consumer_lag() -> None:

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import base64
+import hashlib
 import json
+import re
 from importlib import resources
 
 import jsonschema
@@ -12,6 +15,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from sibylla.schemas.records import (
+    DEAD_LETTER_MAX_BYTES,
+    DeadLetter,
     Decision,
     FieldMap,
     Label,
@@ -21,6 +26,7 @@ from sibylla.schemas.records import (
     parse_job_event,
     parse_log_record,
 )
+from sibylla.schemas.validate import compile_schema
 
 MAX_LINE = 512
 
@@ -32,11 +38,17 @@ def _schema(name: str) -> dict:
 LOGLINE, LOGBATCH = _schema("logline.schema.json"), _schema("logbatch.schema.json")
 JOBEVENT, DECISION = _schema("jobevent.schema.json"), _schema("decision.schema.json")
 
+# Beyond 64 bits: orjson (which re-serialises accepted values) cannot write them, so the
+# schemas bound every integer; 1e20 parses as a float that is an integer.
+huge = st.sampled_from([2**63, -(2**63) - 1, 1e20, -1e20, 2**64])
 scalars = st.one_of(st.none(), st.booleans(), st.integers(-3, 3), st.text(max_size=8),
-                    st.floats(allow_nan=False, allow_infinity=False))
+                    st.floats(allow_nan=False, allow_infinity=False), huge, st.just({}),
+                    st.just([]))
+optional_fields = {"host": st.one_of(st.text(max_size=5), scalars),
+                   "rank": st.one_of(st.integers(-2, 8), scalars), "ts": scalars}
 line_obj = st.fixed_dictionaries(
     {"line": st.one_of(st.text(max_size=40), scalars)},
-    optional={"stream": st.sampled_from(["stdout", "stderr", "tty", 3]), "ts": scalars})
+    optional={"stream": st.sampled_from(["stdout", "stderr", "tty", 3]), **optional_fields})
 records = st.fixed_dictionaries(
     {},
     optional={
@@ -46,7 +58,15 @@ records = st.fixed_dictionaries(
         "stream": st.sampled_from(["stdout", "stderr", "other"]),
         "lines": st.one_of(st.lists(line_obj, max_size=4), scalars),
         "eos": st.one_of(st.booleans(), scalars),
+        **optional_fields,
     })
+
+
+def _decoded(record: dict) -> tuple[bytes, dict]:
+    """A record's bytes, and the record as a JSON reader of the worker's kind decodes them:
+    an integer beyond 64 bits becomes a float, rounded, and both sides judge that value."""
+    value = json.dumps(record).encode()
+    return value, orjson.loads(value)
 
 
 def _schema_valid(record: dict) -> bool:
@@ -63,8 +83,9 @@ def _schema_valid(record: dict) -> bool:
 def test_log_parser_accepts_exactly_what_the_schema_accepts(record: dict) -> None:
     if "lines" not in record and "line" not in record and record.get("eos") is True:
         return  # a bare end-of-stream marker: a parser extension the schema does not require
+    value, record = _decoded(record)
     try:
-        chunk = parse_log_record(orjson.dumps(record), MAX_LINE)
+        chunk = parse_log_record(value, MAX_LINE)
     except RecordError:
         accepted = False
     else:
@@ -102,13 +123,16 @@ def test_a_shipper_record_is_mapped_by_the_field_map() -> None:
 @given(st.fixed_dictionaries(
     {"job_id": st.one_of(st.text(min_size=1, max_size=8), scalars),
      "event": st.sampled_from(["started", "finished", "paused"])},
-    optional={"state": st.sampled_from(["FAILED", "COMPLETED", "NODE_FAIL", "EXPLODED"]),
+    optional={"state": st.sampled_from(["FAILED", "COMPLETED", "NODE_FAIL", "EXPLODED", None]),
               "exit_code": st.one_of(st.integers(-1, 300), scalars),
+              "signal": st.one_of(st.integers(-1, 64), scalars),
               "nodes": st.one_of(st.lists(st.text(max_size=5), max_size=3), scalars),
-              "gpus": st.one_of(st.integers(-1, 16), scalars)}))
+              "gpus": st.one_of(st.integers(-1, 16), scalars),
+              "ts": scalars}))
 def test_job_event_parser_agrees_with_the_schema(record: dict) -> None:
+    value, record = _decoded(record)
     try:
-        parse_job_event(orjson.dumps(record))
+        parse_job_event(value)
         accepted = True
     except RecordError:
         accepted = False
@@ -127,7 +151,7 @@ def test_job_event_parser_agrees_with_the_schema(record: dict) -> None:
 ])
 def test_which_finished_attempts_need_a_verdict(state, exit_code, failed) -> None:
     record = {"job_id": "j", "event": "finished", "state": state, "exit_code": exit_code}
-    assert parse_job_event(orjson.dumps(record)).failed is failed
+    assert parse_job_event(json.dumps(record).encode()).failed is failed
 
 
 def test_a_decision_is_valid_against_its_published_schema() -> None:
@@ -200,3 +224,70 @@ def test_a_job_event_kept_in_state_comes_back_as_it_was() -> None:
                      1.5)
     assert JobEvent.from_dict(orjson.loads(orjson.dumps(event.to_dict()))) == event
     assert JobEvent.from_dict({"job_id": "j", "attempt": 0, "event": "started"}).nodes == ()
+
+
+@pytest.mark.parametrize(("record", "named"), [
+    ({"job_id": "j", "line": "x", "rank": -1}, "rank"),
+    ({"job_id": "j", "line": "x", "host": 5}, "host"),
+    ({"job_id": "j", "line": "x", "ts": {}}, "ts"),
+    ({"job_id": "j", "lines": [{"line": "x", "rank": -1}]}, "lines[0].rank"),
+    ({"job_id": "j", "attempt": 1e20, "line": "x"}, "attempt"),
+])
+def test_log_records_the_schema_rejects_are_rejected_naming_the_field(record, named) -> None:
+    with pytest.raises(RecordError, match=re.escape(named)):
+        parse_log_record(json.dumps(record).encode(), MAX_LINE)
+
+
+@pytest.mark.parametrize("field", ["attempt", "exit_code", "gpus", "signal"])
+def test_job_event_integers_beyond_64_bits_are_rejected_not_crashing_later(field) -> None:
+    # Accepted, such a value would crash the worker when it stores the pending termination.
+    record = {"job_id": "j", "event": "finished", "state": "FAILED", field: 1e20}
+    with pytest.raises(RecordError, match=field):
+        parse_job_event(json.dumps(record).encode())
+
+
+def test_a_tombstone_is_a_record_error() -> None:
+    with pytest.raises(RecordError, match="tombstone"):
+        parse_log_record(None, MAX_LINE)
+    with pytest.raises(RecordError, match="tombstone"):
+        parse_job_event(None)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.fixed_dictionaries(
+    {"job_id": st.text(min_size=1, max_size=8), "event": st.just("finished")},
+    optional={"attempt": st.one_of(st.integers(0, 2**70), st.floats(0, 1e25)),
+              "exit_code": st.one_of(st.integers(-(2**70), 2**70), st.floats(-1e25, 1e25)),
+              "gpus": st.one_of(st.integers(0, 2**70), st.floats(0, 1e25)),
+              "ts": st.one_of(st.integers(-(2**70), 2**70), st.floats(-1e25, 1e25))}))
+def test_every_accepted_job_event_can_be_stored(record: dict) -> None:
+    try:
+        job = parse_job_event(json.dumps(record).encode())
+    except RecordError:
+        return
+    assert orjson.loads(orjson.dumps(job.to_dict()))["job_id"] == record["job_id"]
+
+
+def test_every_schema_file_compiles_and_an_unknown_keyword_is_refused() -> None:
+    for path in resources.files("sibylla.schemas").iterdir():
+        if path.name.endswith(".schema.json"):
+            compile_schema(json.loads(path.read_text()))
+    with pytest.raises(ValueError, match="oneOf"):
+        compile_schema({"oneOf": [{"type": "string"}]})
+
+
+@pytest.mark.parametrize("value", [None, b"{}", b"x" * (1 << 20)])
+def test_a_dead_letter_keeps_any_record_within_a_size_the_broker_accepts(value) -> None:
+    letter = orjson.loads(DeadLetter("too long", "sibylla.logs", 3, 41, b"job-1", value,
+                                     "ingest").to_json())
+    jsonschema.validate(letter, _schema("deadletter.schema.json"))
+    assert (letter["partition"], letter["offset"]) == (3, 41)  # where the original still is
+    if value is None:
+        assert letter["value_b64"] is None
+    elif len(value) <= DEAD_LETTER_MAX_BYTES:
+        assert base64.b64decode(letter["value_b64"]) == value
+    else:
+        assert len(orjson.dumps(letter)) < 100 * 1024
+        assert letter["value_truncated"] and letter["value_size"] == len(value)
+        assert letter["value_sha256"] == hashlib.sha256(value).hexdigest()
+        assert value.startswith(base64.b64decode(letter["value_b64"]))

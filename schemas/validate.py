@@ -1,0 +1,184 @@
+"""Validators compiled from the JSON Schema files, so that validity has one definition.
+
+Outside tools validate records with the schema files beside this module; the agents must accept
+exactly the same records. A general validator (``jsonschema``) costs tens of microseconds per
+record, too much for a topic carrying hundreds of thousands of lines a second, so each schema
+is compiled once into a tree of small closures covering the keywords the files use: ``type``,
+``enum``, ``const``, ``minimum``, ``maximum``, ``minLength``, ``maxLength``, ``pattern``,
+``items``, ``properties`` and ``required``. A keyword outside that set stops the compilation:
+a schema the compiler does not understand must not be half enforced.
+
+A check raises :class:`ValidationFailure` naming where the record breaks the rule
+(``lines[3].rank must be an integer >= 0``); the records module turns it into its RecordError.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Callable, Mapping
+from functools import cache
+from importlib import resources
+from typing import Any
+
+__all__ = ["Check", "ValidationFailure", "compile_schema", "load_schema", "schema_check"]
+
+Check = Callable[[Any, str], None]
+
+# Keywords that document or annotate and never reject a record.
+_ANNOTATIONS = frozenset({"$schema", "$id", "title", "description", "default"})
+_KNOWN = _ANNOTATIONS | {"type", "enum", "const", "minimum", "maximum", "minLength",
+                         "maxLength", "pattern", "items", "properties", "required"}
+
+_TYPE_NAMES = {"integer": "an integer", "number": "a number", "string": "a string",
+               "boolean": "a boolean", "array": "a list", "object": "an object",
+               "null": "null"}
+
+
+class ValidationFailure(ValueError):
+    """A value breaks its schema; the message says where and what the rule is."""
+
+
+def _is_type(value: Any, name: str) -> bool:
+    # JSON Schema's types, not Python's: 2.0 is an integer, True is not a number.
+    kind = type(value)
+    if name == "integer":
+        return kind is int or (kind is float and value.is_integer())
+    if name == "number":
+        return kind is int or kind is float
+    if name == "string":
+        return kind is str
+    if name == "boolean":
+        return kind is bool
+    if name == "null":
+        return value is None
+    if name == "array":
+        return kind is list
+    if name == "object":
+        return kind is dict
+    raise ValueError(f"unknown JSON Schema type {name!r}")
+
+
+def _describe(schema: Mapping[str, Any]) -> str:
+    """The rule of a schema in words, for the reason sent to the dead-letter topic."""
+    if "const" in schema:
+        return f"exactly {json.dumps(schema['const'])}"
+    if "enum" in schema:
+        return "one of " + ", ".join(v if isinstance(v, str) else json.dumps(v)
+                                     for v in schema["enum"])
+    types = schema.get("type", [])
+    types = [types] if isinstance(types, str) else list(types)
+    words = " or ".join(_TYPE_NAMES[t] for t in types) or "a value"
+    bounds = []
+    if "minimum" in schema:
+        bounds.append(f">= {schema['minimum']}")
+    if "maximum" in schema:
+        bounds.append(f"<= {schema['maximum']}")
+    if "minLength" in schema:
+        bounds.append(f"at least {schema['minLength']} characters")
+    if "maxLength" in schema:
+        bounds.append(f"at most {schema['maxLength']} characters")
+    if "pattern" in schema:
+        bounds.append(f"matching {schema['pattern']}")
+    return " ".join([words, *bounds]) if len(bounds) < 2 else f"{words} ({', '.join(bounds)})"
+
+
+def compile_schema(schema: Mapping[str, Any]) -> Check:
+    """One check function enforcing ``schema`` (the subset of keywords listed above)."""
+    unknown = set(schema) - _KNOWN
+    if unknown:
+        raise ValueError(f"schema keywords not supported: {', '.join(sorted(unknown))}")
+    rule = _describe(schema)
+    checks: list[Check] = []
+
+    if "const" in schema:
+        const = schema["const"]
+        checks.append(lambda v, where: None if v == const and type(v) is type(const)
+                      else _fail(where, rule))
+    if "enum" in schema:
+        allowed = list(schema["enum"])
+        checks.append(lambda v, where: None if any(v == a and type(v) is type(a)
+                                                   for a in allowed) else _fail(where, rule))
+    if "type" in schema:
+        names = schema["type"]
+        names = (names,) if isinstance(names, str) else tuple(names)
+        for n in names:
+            _is_type(None, n)  # an unknown type name fails at compile time
+        checks.append(lambda v, where: None if any(_is_type(v, n) for n in names)
+                      else _fail(where, rule))
+    numeric = [(k, schema[k]) for k in ("minimum", "maximum") if k in schema]
+    if numeric:
+        def bounds(v: Any, where: str) -> None:
+            if type(v) in (int, float):
+                for k, limit in numeric:
+                    if (v < limit) if k == "minimum" else (v > limit):
+                        _fail(where, rule)
+        checks.append(bounds)
+    lengths = [(k, schema[k]) for k in ("minLength", "maxLength") if k in schema]
+    if lengths or "pattern" in schema:
+        pattern = re.compile(schema["pattern"]) if "pattern" in schema else None
+
+        def text(v: Any, where: str) -> None:
+            if type(v) is str:
+                for k, limit in lengths:
+                    if (len(v) < limit) if k == "minLength" else (len(v) > limit):
+                        _fail(where, rule)
+                if pattern is not None and pattern.search(v) is None:
+                    _fail(where, rule)
+        checks.append(text)
+    if "items" in schema:
+        item = compile_schema(schema["items"])
+
+        def items(v: Any, where: str) -> None:
+            if type(v) is list:
+                for i, entry in enumerate(v):
+                    item(entry, f"{where}[{i}]")
+        checks.append(items)
+    if "properties" in schema or "required" in schema:
+        checks.append(_object_check(schema))
+
+    if len(checks) == 1:
+        return checks[0]
+
+    def all_of(v: Any, where: str) -> None:
+        for check in checks:
+            check(v, where)
+    return all_of
+
+
+def _object_check(schema: Mapping[str, Any]) -> Check:
+    props = [(name, compile_schema(sub)) for name, sub in schema.get("properties", {}).items()]
+    required = list(schema.get("required", ()))
+
+    def check(v: Any, where: str) -> None:
+        if type(v) is not dict:
+            return  # ``type`` says what a non-object is; properties only apply to objects
+        prefix = f"{where}." if where else ""
+        for name in required:
+            if name not in v:
+                _fail(f"{prefix}{name}", "present (it is required)")
+        for name, prop in props:
+            if name in v:
+                prop(v[name], prefix + name)
+    return check
+
+
+def _fail(where: str, rule: str) -> None:
+    raise ValidationFailure(f"{where or 'record'} must be {rule}")
+
+
+@cache
+def load_schema(name: str) -> dict[str, Any]:
+    """A schema file of this package, e.g. ``logline.schema.json``."""
+    text = resources.files("sibylla.schemas").joinpath(name).read_text()
+    schema: dict[str, Any] = json.loads(text)
+    return schema
+
+
+@cache
+def schema_check(name: str, pointer: str = "") -> Check:
+    """The compiled check of a schema file, or of a part of it (``properties/lines/items``)."""
+    node: Any = load_schema(name)
+    for part in filter(None, pointer.split("/")):
+        node = node[part]
+    return compile_schema(node)
