@@ -43,7 +43,7 @@ class Shipper:
     async def __aexit__(self, *exc: object) -> None:
         await self._producer.stop()
 
-    async def send_raw(self, topic: str, key: bytes | None, value: bytes) -> None:
+    async def send_raw(self, topic: str, key: bytes | None, value: bytes | None) -> None:
         await self._producer.send(topic, value, key=key)
 
     async def send_lines(self, job_id: str, lines: Sequence[str], attempt: int = 0,

@@ -89,8 +89,10 @@ async def read_all(settings: Settings, topic_name: str, idle_s: float = 3.0
                                               from_beginning=True, idle_timeout_s=idle_s)]
 
 
-def decoded(letter: dict[str, Any]) -> bytes:
-    return base64.b64decode(letter["value_b64"])
+def decoded(letter: dict[str, Any]) -> bytes | None:
+    """A dead letter's original value (None for a tombstone; an excerpt when truncated)."""
+    value = letter["value_b64"]
+    return None if value is None else base64.b64decode(value)
 
 
 def metric(text: str, name: str) -> float:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 import time
 import urllib.error
@@ -10,10 +11,15 @@ import urllib.request
 from collections import Counter
 from pathlib import Path
 
+import orjson
 import pytest
+from aiokafka.admin import AIOKafkaAdminClient
+from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
 
 from sibylla.schemas.records import JobEvent
+from sibylla.settings import Settings
 from sibylla.streams.ship import Shipper
+from sibylla.streams.topics import ensure_topics
 from tests.integration.fixtures import (
     DETERMINISTIC_LOG,
     NONDETERMINISTIC_LOG,
@@ -143,6 +149,112 @@ def test_bad_records_go_to_the_dead_letter_topic_and_the_worker_goes_on(
         assert "1024 bytes" in reasons[b"oversized"]
         assert "UTF-8" in reasons[b"undecodable"] or "JSON" in reasons[b"undecodable"]
         assert "event" in originals[b'{"job_id": "j5"}']["reason"]
+
+
+# Records that once took their whole batch down (issue 11): tombstones crashed the dead-letter
+# path, 1e20 passed the parsers and crashed orjson, and a ~1 MB line made a dead letter too
+# big for the broker. Each is sent between valid records of the same batch.
+POISON_LOGS: list[tuple[bytes, bytes | None]] = [
+    (b"tomb", None),
+    (b"p1", b'{"job_id": "p1", "attempt": 1e20, "line": "x"}'),
+    (b"p2", b'{"job_id": "p2", "line": "x", "rank": -1}'),
+    (b"p3", b'{"job_id": "p3", "line": "x", "host": 5}'),
+    (b"p4", b'{"job_id": "p4", "line": "x", "ts": {}}'),
+    (b"p5", b'{"job_id": "p5", "lines": [{"line": "x", "rank": 1e20}]}'),
+    (b"p6", b"[" * 5000 + b"]" * 5000),
+    (b"p7", b'{"job_id": "p7", "line": NaN}'),
+    (b"p8", b'{"job_id": "p8", "line": "' + b"y" * 900_000 + b'"}'),
+]
+POISON_EVENTS: list[tuple[bytes, bytes | None]] = [
+    (b"tomb", None),
+    (b"e1", b'{"job_id": "e1", "event": "finished", "state": "FAILED", "exit_code": 1e20}'),
+    (b"e2", b'{"job_id": "e2", "event": "finished", "state": "FAILED", "gpus": 1e20}'),
+    (b"e3", b'{"job_id": "e3", "event": "finished", "attempt": 18446744073709551616}'),
+]
+
+
+def test_poison_records_are_dead_lettered_once_and_take_no_valid_record_with_them(
+        broker, unique_prefix: str, tmp_path: Path) -> None:
+    settings = make_settings(broker.bootstrap_servers, unique_prefix, tmp_path)
+    jobs = [f"valid-{i}" for i in range(6)]
+    logs = {job: (DETERMINISTIC_LOG if i % 2 else NONDETERMINISTIC_LOG).splitlines()
+            for i, job in enumerate(jobs)}
+
+    async def scenario() -> tuple[list, list]:
+        async with Shipper(settings) as shipper:
+            # One-line records, each job's lines interleaved with poison, all in one burst.
+            poison_logs, poison_events = iter(POISON_LOGS), iter(POISON_EVENTS)
+            for n in range(max(len(lines) for lines in logs.values())):
+                for job, lines in logs.items():
+                    if n < len(lines):
+                        value = orjson.dumps({"job_id": job, "line": lines[n]})
+                        await shipper.send_raw(settings.topic("logs"), job.encode(), value)
+                for key, value in itertools.islice(poison_logs, 1):
+                    await shipper.send_raw(settings.topic("logs"), key, value)
+            for key, value in poison_logs:
+                await shipper.send_raw(settings.topic("logs"), key, value)
+            for job in jobs:
+                await shipper.send_lines(job, [], eos=True)
+                await _ship_job(shipper, job, None, "FAILED")
+                for key, value in itertools.islice(poison_events, 1):
+                    await shipper.send_raw(settings.topic("job-events"), key, value)
+            await shipper.flush()
+        decisions = await collect_decisions(settings, set(jobs), timeout_s=90)
+        return decisions, await read_all(settings, "deadletter")
+
+    with start_worker(settings, tmp_path) as worker:
+        decisions, letters = asyncio.run(scenario())
+        tail = worker.tail()
+    assert {d.job_id: d.line_count for d in decisions} == {
+        job: len(lines) for job, lines in logs.items()}, tail
+    sent = Counter(value for _, value in POISON_LOGS + POISON_EVENTS)
+    got = Counter(decoded(letter) if not letter.get("value_truncated") else POISON_LOGS[-1][1]
+                  for letter in letters)
+    assert got == sent, tail  # each poison record dead-lettered exactly once
+    huge = next(letter for letter in letters if letter.get("value_truncated"))
+    assert huge["value_size"] == len(POISON_LOGS[-1][1] or b"")
+    assert "bytes" in huge["reason"]
+    assert all(letter["reason"] for letter in letters)
+
+
+async def _set_topic_config(settings: Settings, topic: str, name: str, value: str) -> None:
+    admin = AIOKafkaAdminClient(bootstrap_servers=settings.bootstrap_servers)
+    await admin.start()
+    try:
+        await admin.alter_configs([ConfigResource(ConfigResourceType.TOPIC, topic,
+                                                  {name: value})])
+    finally:
+        await admin.close()
+
+
+@only_brokers("kafka")
+def test_a_decision_the_broker_refused_is_made_again_once_it_accepts(
+        broker, unique_prefix: str, tmp_path: Path) -> None:
+    """An attempt is marked decided only once the broker holds its decision: marked before,
+    a decision lost on the way (here refused, as too large for the topic) was never made
+    again, since every later request found the attempt decided."""
+    settings = make_settings(broker.bootstrap_servers, unique_prefix, tmp_path)
+    decisions_topic = settings.topic("decisions")
+    asyncio.run(ensure_topics(settings))
+    asyncio.run(_set_topic_config(settings, decisions_topic, "max.message.bytes", "64"))
+
+    async def ship() -> None:
+        async with Shipper(settings) as shipper:
+            await _ship_job(shipper, "refused-once", DETERMINISTIC_LOG, "FAILED")
+            await shipper.flush()
+
+    with start_worker(settings, tmp_path) as worker:
+        asyncio.run(ship())
+        deadline = time.monotonic() + 60
+        while ("not delivered" not in worker.tail() and time.monotonic() < deadline):
+            time.sleep(0.2)
+        assert "not delivered" in worker.tail(), worker.tail()
+        asyncio.run(_set_topic_config(settings, decisions_topic, "max.message.bytes",
+                                      "1048588"))
+        decisions = asyncio.run(collect_decisions(settings, {"refused-once"}, timeout_s=60))
+        tail = worker.tail()
+    assert [d.job_id for d in decisions] == ["refused-once"], tail
+    assert decisions[0].verdict == "deterministic"
 
 
 @only_brokers("kafka")
