@@ -10,6 +10,7 @@ import asyncio
 import os
 import random
 import re
+import signal
 import subprocess
 import sys
 import time
@@ -307,6 +308,13 @@ class Worker:
             if name in ("VmHWM", "VmRSS"):
                 out[name] = int(value.split()[0])
         return out
+
+    def kill(self) -> None:
+        """SIGKILL the worker's process group: a crash, no shutdown, no final commit."""
+        proc, self.proc = self.proc, None
+        if proc is not None and proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
 
     def stop(self) -> None:
         proc, self.proc = self.proc, None

@@ -58,6 +58,10 @@ class Settings:
     session_timeout_ms: int = setting(
         6000, "Consumer session timeout; a dead worker's partitions move after this.", min=1000
     )
+    broker_wait_s: float = setting(
+        120.0, "At start, how long a worker waits for an unreachable broker before it exits "
+        "(a broker restarting is not a reason to crash-loop).", min=0.0
+    )
 
     # --- log windows --------------------------------------------------------------------------
     window_max_lines: int = setting(256, "Tail lines kept per job attempt.", min=1)

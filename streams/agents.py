@@ -53,6 +53,7 @@ from sibylla.schemas.records import (
 from sibylla.simulator.reliability import FailureRateEstimator
 from sibylla.streams.app import Topology
 from sibylla.streams.batcher import MicroBatcher
+from sibylla.streams.gaps import GapFiller, finish
 from sibylla.streams.keys import attempt_key, partition_of, split_key
 from sibylla.streams.lag import LagProbe
 from sibylla.streams.metrics import WorkerMetrics
@@ -107,6 +108,8 @@ class Pipeline:
         self.decided_hooks: list[Callable[[LogWindow, Decision], Awaitable[None]]] = []
         self._windows_swept: dict[int, float] = {}  # partition -> last TTL sweep
         self._decisions_swept: dict[int, float] = {}
+        self.gaps = GapFiller(s, topology.offsets)
+        self._assigned_at: dict[int, float] = {}  # partition -> when this worker got it
         # Offsets asked of the broker out of band (bounded waits), and the lag gauge's source.
         self.offsets = LagProbe(s, [s.topic("logs"), s.topic("job-events"),
                                     s.topic("decide-requests")])
@@ -120,6 +123,7 @@ class Pipeline:
         app.agent(self.t.decide_requests, name="decide", isolated_partitions=True)(self._decide)
         app.timer(0.25, name="request_due_decisions")(self._request_due_decisions)
         app.on_partitions_revoked.connect(self._on_revoked)
+        app.on_partitions_assigned.connect(self._on_assigned)
 
     def swap_classifier(self, classifier: Classifier) -> None:
         """Use another model from the next micro-batch on (the running batch finishes)."""
@@ -136,11 +140,31 @@ class Pipeline:
             if tp.topic != self.t.logs.get_topic_name():
                 continue
             self.cache.forget(tp.partition)
-            for per_partition in (self._ingested, self._windows_swept, self._decisions_swept):
+            for per_partition in (self._ingested, self._windows_swept, self._decisions_swept,
+                                  self._assigned_at):
                 per_partition.pop(tp.partition, None)
             for key in [k for k in self._requested
                         if partition_of(split_key(k)[0], partitions) == tp.partition]:
                 del self._requested[key]
+
+    async def _on_assigned(self, app: Any, assigned: set[TP], **_: Any) -> None:
+        now = time.time()
+        for tp in assigned:
+            if tp.topic == self.t.logs.get_topic_name():
+                self._assigned_at.setdefault(tp.partition, now)
+
+    async def _with_missing(self, events: Sequence[Any]) -> Sequence[Any]:
+        """The batch, preceded by the records the consumer skipped before it (gaps.py)."""
+        self.in_event(events[0])
+        found = await self.gaps.with_missing(events)
+        if len(found) > len(events):
+            self.metrics.refetched.labels(topic=events[0].message.topic).inc(
+                len(found) - len(events))
+        return found
+
+    def _finished(self, events: Sequence[Any]) -> None:
+        self.in_event(events[-1])
+        self.gaps.mark(events)
 
     # ---------------------------------------------------------------- helpers
     async def _dead_letter(self, event: Any, reason: str, agent: str) -> None:
@@ -192,12 +216,13 @@ class Pipeline:
     # ---------------------------------------------------------------- ingest
     async def _ingest(self, stream: Any) -> None:
         async for events in stream.take_events(INGEST_BATCH, INGEST_WITHIN_S):
-            await self._ingest_batch(events)
+            await finish(self._ingest_batch(events))
 
     def _parse_log(self, value: bytes | None) -> LogChunk:
         return parse_log_record(value, self.settings.max_line_bytes, self.field_map)
 
     async def _ingest_batch(self, events: Sequence[Any]) -> None:
+        events = await self._with_missing(events)
         m, cache = self.metrics, self.cache
         decided, pending = self.t.decided, self.t.pending
         partition = events[0].message.partition
@@ -244,6 +269,7 @@ class Pipeline:
             if live_get(pending, attempt_key(job_id, attempt)) is not None:
                 await self._request_decision(job_id, attempt)
         self._ingested[partition] = events[-1].message.offset
+        self._finished(events)
         m.lines.inc(lines)
         m.bytes.inc(nbytes)
         if late:
@@ -277,14 +303,19 @@ class Pipeline:
     # ---------------------------------------------------------------- terminations
     async def _terminations(self, stream: Any) -> None:
         async for events in stream.take_events(EVENTS_BATCH, EVENTS_WITHIN_S):
-            for event in events:
-                try:
-                    await self._on_job_event(event)
-                except Exception as exc:  # noqa: BLE001 - one event never takes the batch
-                    log.exception("job event %s[%d]@%d failed", event.message.topic,
-                                  event.message.partition, event.message.offset)
-                    await self._dead_letter(
-                        event, f"internal error: {type(exc).__name__}: {exc}", "terminations")
+            await finish(self._terminations_batch(events))
+
+    async def _terminations_batch(self, events: Sequence[Any]) -> None:
+        events = await self._with_missing(events)
+        for event in events:
+            try:
+                await self._on_job_event(event)
+            except Exception as exc:  # noqa: BLE001 - one event never takes the batch
+                log.exception("job event %s[%d]@%d failed", event.message.topic,
+                              event.message.partition, event.message.offset)
+                await self._dead_letter(
+                    event, f"internal error: {type(exc).__name__}: {exc}", "terminations")
+        self._finished(events)
 
     async def _on_job_event(self, event: Any) -> None:
         job = await self._parsed(event, parse_job_event, "terminations")
@@ -344,16 +375,23 @@ class Pipeline:
             asked = self._requested.get(key)
             if asked is not None and mono - asked <= REQUEST_RETRY_S:
                 continue
-            if (pending["deadline"] + CATCH_UP_LIMIT_S > now
+            # The catch-up wait counts from when this worker got the partition: after a
+            # restart or a rebalance its backlog is new to it, however old the termination.
+            owned_since = self._assigned_at.get(partition_of(job_id, self.settings.partitions),
+                                                0.0)
+            if (max(pending["deadline"], owned_since) + CATCH_UP_LIMIT_S > now
                     and not await self._logs_taken(job_id, pending.get("log_end"))):
                 continue
             await self._request_decision(job_id, attempt)
 
     async def _logs_taken(self, job_id: str, log_end: int | None) -> bool:
-        """Has ingest taken every log record that was on the job's partition at its end?"""
-        if log_end is None:
-            return True
+        """Has ingest taken every log record that was on the job's partition at its end?
+        (When that end was not known, the partition's end now stands in for it.)"""
         partition = partition_of(job_id, self.settings.partitions)
+        if log_end is None:
+            log_end = await self.offsets.end_offset(self.t.logs.get_topic_name(), partition)
+            if log_end is None:
+                return False
         taken = self._ingested.get(partition)
         if taken is not None:
             return taken + 1 >= log_end
@@ -369,7 +407,7 @@ class Pipeline:
         # made a lone failure wait twice that.
         async for events in stream.take_events(self.settings.batch_max_windows,
                                                EVENTS_WITHIN_S):
-            await self._decide_batch(events)
+            await finish(self._decide_batch(events))
 
     async def _decide_batch(self, events: Sequence[Any]) -> None:
         partition = events[0].message.partition

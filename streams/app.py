@@ -37,6 +37,7 @@ class Topology:
     pending: Any  # attempt key -> pending termination (JSON)
     decided: Any  # attempt key -> Decision JSON
     latest: Any  # job_id -> latest decided attempt (ASCII int)
+    offsets: Any  # "<topic>/<partition>" -> last offset an agent finished (see gaps.py)
 
 
 def _credentials(settings: Settings) -> Any:
@@ -107,5 +108,5 @@ def build_app(settings: Settings) -> Topology:
         decide_requests=decide_requests, decisions=decisions, deadletter=deadletter,
         labels=labels, windows=table("windows"), window_chunks=table("window-chunks"),
         pending=table("pending"),
-        decided=table("decided"), latest=table("latest"),
+        decided=table("decided"), latest=table("latest"), offsets=table("offsets"),
     )

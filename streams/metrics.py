@@ -28,6 +28,9 @@ class WorkerMetrics:
                                "under it.", registry=r)
         self.dead_letters = Counter("sibylla_dead_letters", "Records sent to the dead-letter "
                                     "topic.", ["topic"], registry=r)
+        self.refetched = Counter("sibylla_records_refetched",
+                                 "Records the consumer skipped (a rebalance cut a batch), read "
+                                 "again from the broker.", ["topic"], registry=r)
         self.active_windows = Gauge("sibylla_active_windows", "Job attempt windows held.",
                                     registry=r)
         self.window_bytes = Gauge("sibylla_window_bytes", "Log text held in windows.",

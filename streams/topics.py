@@ -14,7 +14,7 @@ import logging
 import time
 
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
-from aiokafka.errors import TopicAlreadyExistsError
+from aiokafka.errors import KafkaConnectionError, TopicAlreadyExistsError
 
 from sibylla.settings import Settings, SettingsError
 
@@ -30,15 +30,31 @@ COPARTITIONED = ("logs", "job-events", "decisions", "labels", "decide-requests",
 # The worker's tables (faust names their changelogs "<group>-<table>-changelog"). Created here for
 # the same reason; faust also reported a just-created changelog with no partitions yet and
 # stopped the agent that wrote to it ("PartitionsMismatch").
-TABLES = ("windows", "window-chunks", "pending", "decided", "latest", "votes")
+TABLES = ("windows", "window-chunks", "pending", "decided", "latest", "votes", "offsets")
 SETTLE_S = 30.0  # longest wait for the broker's metadata to show every partition
 
 
-async def ensure_topics(settings: Settings) -> None:
-    """Create missing topics; check partition counts of the co-partitioned ones."""
-    admin = AIOKafkaAdminClient(bootstrap_servers=settings.bootstrap_servers,
-                                **settings.kafka_client_options())
-    await admin.start()
+async def _connected_admin(settings: Settings, wait_s: float) -> AIOKafkaAdminClient:
+    """An admin client, once the broker answers (retried for up to ``wait_s``)."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        admin = AIOKafkaAdminClient(bootstrap_servers=settings.bootstrap_servers,
+                                    **settings.kafka_client_options())
+        try:
+            await admin.start()
+            return admin
+        except KafkaConnectionError:
+            await admin.close()
+            if time.monotonic() > deadline:
+                raise
+            log.warning("broker %s does not answer; retrying", settings.bootstrap_servers)
+            await asyncio.sleep(1.0)
+
+
+async def ensure_topics(settings: Settings, wait_s: float = 0.0) -> None:
+    """Create missing topics; check partition counts of the co-partitioned ones. ``wait_s``:
+    how long to wait for a broker that does not answer yet."""
+    admin = await _connected_admin(settings, wait_s)
     try:
         wanted = [NewTopic(settings.topic(n), settings.partitions, settings.replication_factor)
                   for n in COPARTITIONED]

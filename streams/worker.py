@@ -102,7 +102,7 @@ def build_worker(settings: Settings, classifier: Classifier | None = None) -> Pi
 
 def run_worker(settings: Settings, classifier: Classifier | None = None) -> int:
     """Run a worker until SIGINT/SIGTERM. Blocks."""
-    asyncio.run(ensure_topics(settings))
+    asyncio.run(ensure_topics(settings, settings.broker_wait_s))
     settings.data_dir.mkdir(parents=True, exist_ok=True)
     pipeline = build_worker(settings, classifier)
     log.info("worker settings: %s", settings.redacted())
