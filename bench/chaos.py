@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import copy
 import json
 import os
 import random
@@ -195,7 +196,7 @@ def fuzz_log_record(rng: random.Random, validity: Validity) -> bytes | None:
         if rng.random() < 0.2:
             target.pop(name, None)
         else:
-            target[name] = rng.choice(NASTY)
+            target[name] = copy.deepcopy(rng.choice(NASTY))  # NASTY's own objects stay intact
     return json.dumps(record).encode()
 
 
