@@ -48,8 +48,8 @@ from typing import Any
 
 import jsonschema
 import orjson
-from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
-from common import LinePool, Worker
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
+from common import LinePool, Worker, topic_partitions
 
 from sibylla.brokers.launchers import apache_kafka, tansu
 from sibylla.brokers.process import BrokerProcess
@@ -391,11 +391,7 @@ async def read_topic(settings: Settings, topic: str) -> list[Any]:
                                 enable_auto_commit=False, auto_offset_reset="earliest")
     await consumer.start()
     try:
-        parts = consumer.partitions_for_topic(topic)
-        if not parts:
-            await consumer._client.force_metadata_update()
-            parts = consumer.partitions_for_topic(topic) or set()
-        tps = [TopicPartition(topic, p) for p in parts]
+        tps = await topic_partitions(consumer, topic)
         if not tps:
             return []
         consumer.assign(tps)

@@ -34,6 +34,7 @@ __all__ = [
     "batch_record",
     "line_record",
     "produce_partitioned",
+    "topic_partitions",
     "topic_records",
 ]
 
@@ -224,6 +225,16 @@ async def bare_consume(settings: Settings, topic: str, expected_lines: int,
             "cpu_us_per_line": (cpu - first_cpu) / max(lines - first_n, 1) * 1e6}
 
 
+async def topic_partitions(consumer: AIOKafkaConsumer, topic: str) -> list[TopicPartition]:
+    """The partitions of ``topic`` (metadata refreshed once if the consumer does not know it
+    yet: a topic created after the consumer started)."""
+    partitions = consumer.partitions_for_topic(topic)
+    if not partitions:
+        await consumer._client.force_metadata_update()
+        partitions = consumer.partitions_for_topic(topic) or set()
+    return [TopicPartition(topic, p) for p in sorted(partitions)]
+
+
 async def topic_records(settings: Settings, topic: str) -> int:
     """Records a topic holds (sum of its partitions' end offsets; nothing is compacted or
     deleted during a benchmark)."""
@@ -231,11 +242,7 @@ async def topic_records(settings: Settings, topic: str) -> int:
                                 enable_auto_commit=False, **settings.kafka_client_options())
     await consumer.start()
     try:
-        partitions = consumer.partitions_for_topic(topic)
-        if not partitions:
-            await consumer._client.force_metadata_update()
-            partitions = consumer.partitions_for_topic(topic) or set()
-        ends = await consumer.end_offsets([TopicPartition(topic, p) for p in partitions])
+        ends = await consumer.end_offsets(await topic_partitions(consumer, topic))
         return sum(ends.values())
     finally:
         await consumer.stop()
