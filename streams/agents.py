@@ -53,7 +53,7 @@ from sibylla.schemas.records import (
 from sibylla.simulator.reliability import FailureRateEstimator
 from sibylla.streams.app import Topology
 from sibylla.streams.batcher import MicroBatcher
-from sibylla.streams.gaps import GapFiller, finish
+from sibylla.streams.gaps import GapFiller, ends_on_cancel, finish
 from sibylla.streams.keys import attempt_key, partition_of, split_key
 from sibylla.streams.lag import LagProbe
 from sibylla.streams.metrics import WorkerMetrics
@@ -215,8 +215,9 @@ class Pipeline:
 
     # ---------------------------------------------------------------- ingest
     async def _ingest(self, stream: Any) -> None:
-        async for events in stream.take_events(INGEST_BATCH, INGEST_WITHIN_S):
-            await finish(self._ingest_batch(events))
+        with ends_on_cancel():
+            async for events in stream.take_events(INGEST_BATCH, INGEST_WITHIN_S):
+                await finish(self._ingest_batch(events))
 
     def _parse_log(self, value: bytes | None) -> LogChunk:
         return parse_log_record(value, self.settings.max_line_bytes, self.field_map)
@@ -302,8 +303,9 @@ class Pipeline:
 
     # ---------------------------------------------------------------- terminations
     async def _terminations(self, stream: Any) -> None:
-        async for events in stream.take_events(EVENTS_BATCH, EVENTS_WITHIN_S):
-            await finish(self._terminations_batch(events))
+        with ends_on_cancel():
+            async for events in stream.take_events(EVENTS_BATCH, EVENTS_WITHIN_S):
+                await finish(self._terminations_batch(events))
 
     async def _terminations_batch(self, events: Sequence[Any]) -> None:
         events = await self._with_missing(events)
@@ -405,9 +407,10 @@ class Pipeline:
         # Take what this partition has buffered; waiting for a batch to fill is the
         # MicroBatcher's job (up to batch_max_wait_ms, across partitions). Waiting here too
         # made a lone failure wait twice that.
-        async for events in stream.take_events(self.settings.batch_max_windows,
-                                               EVENTS_WITHIN_S):
-            await finish(self._decide_batch(events))
+        with ends_on_cancel():
+            async for events in stream.take_events(self.settings.batch_max_windows,
+                                                   EVENTS_WITHIN_S):
+                await finish(self._decide_batch(events))
 
     async def _decide_batch(self, events: Sequence[Any]) -> None:
         partition = events[0].message.partition

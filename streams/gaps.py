@@ -20,6 +20,7 @@ waits the few milliseconds the batch needs rather than cutting it in half.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import Awaitable, Sequence
 from dataclasses import dataclass
@@ -30,7 +31,7 @@ from aiokafka import AIOKafkaConsumer, TopicPartition
 from sibylla.settings import Settings
 from sibylla.streams.state import live_get
 
-__all__ = ["GapFiller", "finish"]
+__all__ = ["GapFiller", "ends_on_cancel", "finish"]
 
 log = logging.getLogger(__name__)
 
@@ -81,16 +82,24 @@ class GapFiller:
         self.table[self._key(last.topic, last.partition)] = str(last.offset).encode()
 
     async def with_missing(self, events: Sequence[Any]) -> Sequence[Any]:
-        """``events``, preceded by the records faust skipped before them, if any."""
+        """``events`` with the records the consumer skipped put back in place: those between
+        the last finished offset and the batch, and any hole inside the batch (faust's fetch
+        loop silently drops records below its read offset after a seek)."""
         first = events[0].message
-        done = self.done(first.topic, first.partition)
-        if done is None or first.offset <= done + 1:
-            return events
-        missing = await self._fetch(first.topic, first.partition, done + 1, first.offset)
-        log.warning("%s[%d]: offsets %d..%d were skipped by the consumer; %d records read "
-                    "again", first.topic, first.partition, done + 1, first.offset - 1,
-                    len(missing))
-        return [*missing, *events]
+        topic, partition = first.topic, first.partition
+        done = self.done(topic, partition)
+        expected = first.offset if done is None else done + 1
+        out: list[Any] = []
+        for event in events:
+            offset = event.message.offset
+            if offset > expected:
+                missing = await self._fetch(topic, partition, expected, offset)
+                log.warning("%s[%d]: offsets %d..%d were skipped by the consumer; %d records "
+                            "read again", topic, partition, expected, offset - 1, len(missing))
+                out.extend(missing)
+            out.append(event)
+            expected = max(expected, offset + 1)  # a replay may go back: no hole there
+        return out
 
     async def _fetch(self, topic: str, partition: int, start: int, end: int) -> list[_Event]:
         """Records ``start`` (inclusive) to ``end`` (exclusive) of a partition."""
@@ -132,3 +141,12 @@ async def finish(work: Awaitable[T]) -> T:
     if cancelled:
         raise asyncio.CancelledError
     return result
+
+
+def ends_on_cancel() -> contextlib.AbstractContextManager[None]:
+    """Let an agent end quietly when faust cancels it. faust cancels a partition's actor when
+    the partition is revoked and counts the CancelledError as a crash: it restarts the actor,
+    and with several partitions revoked at once its supervisor ran out of restarts and exited
+    the worker (seen in the fault campaign). The batch in hand is finished first
+    (:func:`finish`), so ending here loses nothing."""
+    return contextlib.suppress(asyncio.CancelledError)
