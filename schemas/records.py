@@ -13,7 +13,7 @@ import base64
 import time
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, fields
-from typing import Any, Literal, TypeVar
+from typing import Any, Literal, TypeVar, get_args
 
 import orjson
 
@@ -27,6 +27,8 @@ __all__ = [
     "Label",
     "LogChunk",
     "ModelAnnouncement",
+    "REASON_CLASSES",
+    "ReasonClass",
     "RecordError",
     "Vote",
     "job_key",
@@ -51,8 +53,21 @@ FAILED_STATES = frozenset({"FAILED", "NODE_FAIL", "OUT_OF_MEMORY", "TIMEOUT"})
 _STREAMS = ("stdout", "stderr")
 
 
+ReasonClass = Literal["invalid_json", "not_an_object", "missing_job_id", "too_long",
+                      "invalid_field"]
+REASON_CLASSES: tuple[ReasonClass, ...] = get_args(ReasonClass)
+
+
 class RecordError(ValueError):
-    """A record breaks the contract; ``str(err)`` is the reason sent to the dead-letter topic."""
+    """A record breaks the contract; ``str(err)`` is the reason sent to the dead-letter topic.
+
+    ``kind`` sorts the reason into a small fixed set of classes: the dead-letter metric is
+    labelled by it (the reason itself names fields and sizes, too many values for a label).
+    """
+
+    def __init__(self, reason: str, kind: ReasonClass = "invalid_field") -> None:
+        super().__init__(reason)
+        self.kind: ReasonClass = kind
 
 
 @dataclass(frozen=True, slots=True)
@@ -129,9 +144,9 @@ def load_json_object(value: bytes) -> dict[str, Any]:
     try:
         record = orjson.loads(value)
     except orjson.JSONDecodeError as exc:
-        raise RecordError(f"invalid JSON or UTF-8: {exc}") from None
+        raise RecordError(f"invalid JSON or UTF-8: {exc}", "invalid_json") from None
     if not isinstance(record, dict):
-        raise RecordError("record is not a JSON object")
+        raise RecordError("record is not a JSON object", "not_an_object")
     return record
 
 
@@ -139,9 +154,9 @@ def job_key(record: dict[str, Any]) -> tuple[str, int]:
     """A record's validated (job_id, attempt); the attempt defaults to 0."""
     job_id = record.get("job_id")
     if not isinstance(job_id, str) or not job_id:
-        raise RecordError("missing job_id (a non-empty string)")
+        raise RecordError("missing job_id (a non-empty string)", "missing_job_id")
     if len(job_id) > MAX_JOB_ID:
-        raise RecordError(f"job_id longer than {MAX_JOB_ID} characters")
+        raise RecordError(f"job_id longer than {MAX_JOB_ID} characters", "too_long")
     attempt = _as_int(record.get("attempt", 0))
     if attempt is None or attempt < 0:
         raise RecordError("attempt must be an integer >= 0")
@@ -150,14 +165,14 @@ def job_key(record: dict[str, Any]) -> tuple[str, int]:
 
 def _check_line(entry: Any, max_line_bytes: int, where: str) -> str:
     if not isinstance(entry, dict):
-        raise RecordError(f"{where} is not an object")
+        raise RecordError(f"{where} is not an object", "not_an_object")
     line = entry.get("line")
     if not isinstance(line, str):
         raise RecordError(f"{where}.line must be a string")
     # len() counts code points; UTF-8 needs at most 4 bytes each, so only long lines pay
     # for an exact byte count.
     if len(line) * 4 > max_line_bytes and len(line.encode()) > max_line_bytes:
-        raise RecordError(f"{where}.line longer than {max_line_bytes} bytes")
+        raise RecordError(f"{where}.line longer than {max_line_bytes} bytes", "too_long")
     stream = entry.get("stream", "stdout")
     if stream not in _STREAMS:
         raise RecordError(f"{where}.stream must be stdout or stderr")

@@ -22,7 +22,7 @@ from __future__ import annotations
 import logging
 import time
 import weakref
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
 import orjson
@@ -35,6 +35,7 @@ from sibylla.schemas.records import (
     Decision,
     FieldMap,
     JobEvent,
+    ReasonClass,
     RecordError,
     job_key,
     load_json_object,
@@ -42,6 +43,7 @@ from sibylla.schemas.records import (
     parse_log_record,
 )
 from sibylla.simulator.reliability import FailureRateEstimator
+from sibylla.streams.activity import Activity, DeadLetterNote
 from sibylla.streams.app import Topology
 from sibylla.streams.batcher import MicroBatcher
 from sibylla.streams.keys import attempt_key, partition_of, split_key
@@ -74,6 +76,7 @@ class Pipeline:
         self.classifier = classifier
         self.metrics = metrics or WorkerMetrics()
         self.metrics.set_model(classifier.version)
+        self.activity = Activity(classifier.version)  # what the status page shows
         self.limits = WindowLimits.of(s)
         self.store = WindowStore(topology.windows, topology.window_chunks, self.limits)
         self.cache = WindowCache(self.store, s.partitions)
@@ -102,11 +105,14 @@ class Pipeline:
         app.timer(0.25, name="request_due_decisions")(self._request_due_decisions)
         app.on_partitions_revoked.connect(self._on_revoked)
 
-    def swap_classifier(self, classifier: Classifier) -> None:
-        """Use another model from the next micro-batch on (the running batch finishes)."""
+    def swap_classifier(self, classifier: Classifier,
+                        scores: Mapping[str, Any] | None = None) -> None:
+        """Use another model from the next micro-batch on (the running batch finishes).
+        ``scores``: its gate scores, when known (the status page shows them)."""
         self.classifier = classifier
         self.batcher.swap(classifier.predict)
         self.metrics.set_model(classifier.version)
+        self.activity.set_model(classifier.version, scores)
 
     async def _on_revoked(self, app: Any, revoked: set[TP], **_: Any) -> None:
         """Forget what this worker knew of a partition it no longer owns: if it comes back,
@@ -124,12 +130,14 @@ class Pipeline:
                 del self._requested[key]
 
     # ---------------------------------------------------------------- helpers
-    async def _dead_letter(self, event: Any, reason: str, agent: str) -> None:
+    async def _dead_letter(self, event: Any, reason: str, kind: ReasonClass, agent: str
+                           ) -> None:
         msg = event.message
         letter = DeadLetter(reason, msg.topic, msg.partition, msg.offset, msg.key, msg.value,
                             agent)
         await self.t.deadletter.send(key=msg.key, value=letter.to_json(), force=True)
-        self.metrics.dead_letters.labels(topic=msg.topic).inc()
+        self.metrics.dead_letters.labels(topic=msg.topic, reason=kind).inc()
+        self.activity.on_dead_letter(DeadLetterNote(time.time(), msg.topic, kind, reason))
         log.warning("dead letter from %s[%d]@%d: %s", msg.topic, msg.partition, msg.offset,
                     reason)
 
@@ -160,13 +168,13 @@ class Pipeline:
         touched: dict[str, Any] = {}
         decided_in_batch: dict[str, bool] = {}
         ended: list[tuple[str, int]] = []
-        lines = nbytes = late = 0
+        lines = nbytes = records = late = 0
         for event in events:
             msg = event.message
             try:
                 chunk = parse_log_record(msg.value, s.max_line_bytes, self.field_map)
             except RecordError as exc:
-                await self._dead_letter(event, str(exc), "ingest")
+                await self._dead_letter(event, str(exc), exc.kind, "ingest")
                 continue
             if msg.key != chunk.job_id.encode():
                 # Keyed otherwise, it sits on a partition that may not hold the job's window:
@@ -192,6 +200,7 @@ class Pipeline:
             touched[key] = window
             lines += len(chunk.lines)
             nbytes += len(msg.value)
+            records += 1
         if touched:
             self.in_event(events[-1])
             for key, window in touched.items():
@@ -202,6 +211,7 @@ class Pipeline:
         self._ingested[partition] = events[-1].message.offset
         m.lines.inc(lines)
         m.bytes.inc(nbytes)
+        m.records.inc(records)
         if late:
             m.late_lines.inc(late)
         if now - self._windows_swept.get(partition, 0.0) > SWEEP_EVERY_S:
@@ -240,7 +250,7 @@ class Pipeline:
         try:
             job = parse_job_event(event.message.value)
         except RecordError as exc:
-            await self._dead_letter(event, str(exc), "terminations")
+            await self._dead_letter(event, str(exc), exc.kind, "terminations")
             return
         self.metrics.job_events.labels(event=job.event, state=job.state or "").inc()
         self.reliability.observe(job, time.time())
@@ -330,7 +340,8 @@ class Pipeline:
             try:
                 key = attempt_key(*job_key(load_json_object(event.message.value)))
             except RecordError as exc:
-                await self._dead_letter(event, f"bad decide request: {exc}", "decide")
+                await self._dead_letter(event, f"bad decide request: {exc}", exc.kind,
+                                        "decide")
                 continue
             if key in todo:
                 continue
@@ -373,5 +384,6 @@ class Pipeline:
             if decision.explored:
                 self.metrics.explored.inc()
             self.metrics.decision_latency.observe(decision.latency_ms / 1000.0)
+            self.activity.on_decision(decision)
             for hook in self.decided_hooks:
                 await hook(window, decision)
