@@ -220,6 +220,9 @@ class OnlineLearning:
             return False
         self.metrics.set_announced(ann.version)
         if ann.version == self.p.classifier.version:
+            # The model in use was announced (a worker restarted reads the compacted topic
+            # from its start): its gate scores are now known.
+            self.p.activity.set_model(ann.version, ann.metrics)
             return False
         ws = self.p.settings
         try:

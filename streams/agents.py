@@ -80,6 +80,8 @@ class Pipeline:
         self.limits = WindowLimits.of(s)
         self.store = WindowStore(topology.windows, topology.window_chunks, self.limits)
         self.cache = WindowCache(self.store, s.partitions)
+        # Counted when scraped: windows also go when decided, released or expired.
+        self.metrics.active_windows.set_function(lambda: len(self.cache))
         self.field_map = FieldMap.parse(s.field_map)
         self.batcher: MicroBatcher[LogWindow, Prediction] = MicroBatcher(
             classifier.predict, s.batch_max_windows, s.batch_max_wait_ms / 1000.0,
@@ -219,7 +221,6 @@ class Pipeline:
             self.in_event(events[-1])
             self._expire_windows(partition, now)
             m.window_bytes.set(cache.text_bytes())  # O(windows): with the sweep, not per batch
-        m.active_windows.set(len(cache))
 
     def _expire_windows(self, partition: int, now: float) -> None:
         """Drop windows of attempts silent for longer than the TTL (no termination came)."""

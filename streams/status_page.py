@@ -25,11 +25,11 @@ ACTION_COLOURS = {"do_not_retry": "#c0392b", "retry": "#27ae60", "retry_elsewher
                   "default_policy": "#7f8c8d"}
 
 _STYLE = """
-body{font:14px/1.4 system-ui,sans-serif;margin:1.5em;color:#222;max-width:75em}
+body{font:14px/1.4 system-ui,sans-serif;margin:1.5em;color:#222}
 h1{font-size:1.4em}h2{font-size:1.1em;margin-top:1.6em;border-bottom:1px solid #ccc}
 table{border-collapse:collapse}td,th{padding:.2em .6em;text-align:left;vertical-align:top;
 border-bottom:1px solid #eee}th{background:#f4f4f4}td.n{text-align:right}
-pre{margin:0;white-space:pre-wrap;font-size:12px;max-width:50em}
+pre{margin:0;white-space:pre-wrap;overflow-wrap:anywhere;font-size:12px;min-width:28em;max-width:40em}
 .ok{color:#1e7e34}.bad{color:#b21f2d}.muted{color:#777}
 """
 
@@ -74,17 +74,22 @@ def _model(activity: Activity) -> str:
 
 
 def _lag(activity: Activity, now: float) -> str:
+    """One row per topic, one column per partition."""
     if activity.lag_at is None:
         return "<p class=muted>Not measured yet.</p>"
-    rows = [[_t(topic), _t(partition), f"{lag:,}"]
-            for (topic, partition), lag in sorted(activity.lag.items())]
-    return (f"<p>Measured {now - activity.lag_at:.0f} s ago (end offset minus the group's "
-            "committed offset).</p>" + _table(["topic", "partition", "lag (records)"], rows))
+    partitions = sorted({p for _, p in activity.lag})
+    topics = sorted({t for t, _ in activity.lag})
+    rows = [[_t(topic)] + [f"{activity.lag[(topic, p)]:,}" if (topic, p) in activity.lag else ""
+                           for p in partitions] for topic in topics]
+    return (f"<p>Records not yet committed, per partition, measured {now - activity.lag_at:.0f} s "
+            "ago (end offset minus the group's committed offset).</p>"
+            + _table(["topic", *(f"p{p}" for p in partitions)], rows))
 
 
 def _chart(per_minute: Mapping[str, list[int]]) -> str:
     """Stacked bars, one per minute of the last hour, coloured by action."""
-    width, height, bar = 4 * MINUTES, 80, 3
+    step, bar, height = 10, 8, 90
+    width = step * MINUTES
     peak = max((sum(c[i] for c in per_minute.values()) for i in range(MINUTES)), default=0)
     if peak == 0:
         return "<p class=muted>No decisions in the last hour.</p>"
@@ -93,19 +98,23 @@ def _chart(per_minute: Mapping[str, list[int]]) -> str:
         y = float(height)
         for action, counts in per_minute.items():
             if counts[i]:
-                h = counts[i] / peak * (height - 2)
+                h = counts[i] / peak * (height - 4)
                 y -= h
                 colour = ACTION_COLOURS.get(action, "#34495e")
-                rects.append(f'<rect x="{4 * i}" y="{y:.1f}" width="{bar}" height="{h:.1f}" '
-                             f'fill="{colour}"><title>{_t(action)}: {counts[i]}</title></rect>')
+                rects.append(f'<rect x="{step * i + 1}" y="{y:.1f}" width="{bar}" '
+                             f'height="{h:.1f}" fill="{colour}"><title>{_t(action)}: '
+                             f"{counts[i]}</title></rect>")
     legend = " ".join(
         f'<span style="color:{ACTION_COLOURS.get(a, "#34495e")}">■</span> {_t(a)} '
         f'<b class=action-total data-action="{_t(a)}">{sum(c)}</b>'
         for a, c in per_minute.items())
-    return (f'<svg width="{width}" height="{height}" viewBox="0 0 {width} {height}" '
-            f'role="img" aria-label="decisions per minute"><rect width="{width}" '
-            f'height="{height}" fill="#fafafa"/>{"".join(rects)}</svg>'
-            f"<p>Last hour, one bar per minute (peak {peak}/min): {legend}</p>")
+    axis = (f'<text x="0" y="{height + 14}" font-size="11">60 min ago</text>'
+            f'<text x="{width}" y="{height + 14}" font-size="11" text-anchor="end">now</text>')
+    return (f'<svg width="{width}" height="{height + 18}" role="img" '
+            f'aria-label="decisions per minute"><rect width="{width}" height="{height}" '
+            f'fill="#f6f6f6"/>{"".join(rects)}{axis}</svg>'
+            f"<p>Decisions per minute, stacked by action (peak {peak}/min); last hour: {legend}"
+            "</p>")
 
 
 def _decisions(activity: Activity) -> str:
@@ -117,12 +126,13 @@ def _decisions(activity: Activity) -> str:
         rows.append([
             _clock(d.decided_at), f"<span class=job-id>{_t(d.job_id)}</span>", _t(d.attempt),
             _t(d.verdict), f"{d.confidence:.2f}", f"<b class=action>{_t(d.action)}</b>"
-            + (" (explored)" if d.explored else ""), _t(d.category),
-            f"{d.latency_ms:,.0f}", _t(d.model_version),
+            + (" (explored)" if d.explored else ""),
+            f"{_t(d.category)}<br><small class=muted>{_t(d.model_version)}</small>",
+            f"{d.latency_ms / 1000:.1f}",
             f"<pre>{_t(evidence)}</pre>" if evidence else "<span class=muted>no log</span>",
         ])
     return _table(["time (UTC)", "job", "attempt", "verdict", "confidence", "action",
-                   "category", "latency ms", "model", "evidence"], rows, " class=decision")
+                   "category, model", "latency s", "evidence"], rows, " class=decision")
 
 
 def _dead_letters(activity: Activity) -> str:
@@ -154,9 +164,9 @@ def render_status_page(activity: Activity, ready: ReadyState, worker: str,
         ("Model", _model(activity)),
         ("Consumer lag", _lag(activity, now)),
         ("Decisions per action", _chart(activity.actions_per_minute(now))),
-        ("Last decisions", _decisions(activity)),
         ("Dead letters", _dead_letters(activity)),
         ("Suspect nodes", _suspects(activity, now)),
+        ("Last decisions", _decisions(activity)),
     ]
     body = "".join(f"<h2>{_t(title)}</h2>{html}" for title, html in sections)
     return (f'<!doctype html><html lang="en"><head><meta charset="utf-8">'

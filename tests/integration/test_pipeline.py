@@ -12,7 +12,6 @@ from pathlib import Path
 
 import pytest
 
-from sibylla.schemas.records import JobEvent
 from sibylla.streams.ship import Shipper
 from tests.integration.fixtures import (
     DETERMINISTIC_LOG,
@@ -23,18 +22,11 @@ from tests.integration.fixtures import (
     metric,
     only_brokers,
     read_all,
+    ship_job,
     start_worker,
 )
 
 pytestmark = pytest.mark.integration
-
-
-async def _ship_job(shipper: Shipper, job_id: str, log: str | None, state: str,
-                    nodes: tuple[str, ...] = ("gpu-a01",)) -> None:
-    if log is not None:
-        await shipper.send_lines(job_id, log.splitlines(), eos=True)
-    await shipper.send_event(JobEvent(job_id, 0, "finished", state,
-                                      0 if state == "COMPLETED" else 1, None, nodes, 8))
 
 
 def test_failed_jobs_get_one_decision_and_completed_jobs_none(broker, unique_prefix: str,
@@ -44,11 +36,11 @@ def test_failed_jobs_get_one_decision_and_completed_jobs_none(broker, unique_pre
 
         async def scenario() -> list:
             async with Shipper(settings) as shipper:
-                await _ship_job(shipper, "job-shape", DETERMINISTIC_LOG, "FAILED")
-                await _ship_job(shipper, "job-nccl", NONDETERMINISTIC_LOG, "FAILED",
+                await ship_job(shipper, "job-shape", DETERMINISTIC_LOG, "FAILED")
+                await ship_job(shipper, "job-nccl", NONDETERMINISTIC_LOG, "FAILED",
                                 ("gpu-b07", "gpu-b08"))
-                await _ship_job(shipper, "job-ok", "epoch 9 done\nsaved checkpoint", "COMPLETED")
-                await _ship_job(shipper, "job-silent", None, "NODE_FAIL", ("gpu-c01",))
+                await ship_job(shipper, "job-ok", "epoch 9 done\nsaved checkpoint", "COMPLETED")
+                await ship_job(shipper, "job-silent", None, "NODE_FAIL", ("gpu-c01",))
                 await shipper.flush()
             return await collect_decisions(
                 settings, {"job-shape", "job-nccl", "job-silent"}, timeout_s=90)
@@ -89,8 +81,8 @@ def test_with_exploration_a_deterministic_verdict_is_sent_as_default_policy(
 
         async def scenario() -> list:
             async with Shipper(settings) as shipper:
-                await _ship_job(shipper, "job-shape", DETERMINISTIC_LOG, "FAILED")
-                await _ship_job(shipper, "job-nccl", NONDETERMINISTIC_LOG, "FAILED")
+                await ship_job(shipper, "job-shape", DETERMINISTIC_LOG, "FAILED")
+                await ship_job(shipper, "job-nccl", NONDETERMINISTIC_LOG, "FAILED")
                 await shipper.flush()
             return await collect_decisions(settings, {"job-shape", "job-nccl"}, timeout_s=90)
 
@@ -127,7 +119,7 @@ def test_bad_records_go_to_the_dead_letter_topic_and_the_worker_goes_on(
                 for key, value in bad.items():
                     await shipper.send_raw(settings.topic("logs"), key, value)
                 await shipper.send_raw(settings.topic("job-events"), b"j5", b'{"job_id": "j5"}')
-                await _ship_job(shipper, "job-after", DETERMINISTIC_LOG, "FAILED")
+                await ship_job(shipper, "job-after", DETERMINISTIC_LOG, "FAILED")
                 await shipper.flush()
             decisions = await collect_decisions(settings, {"job-after"}, timeout_s=90)
             return decisions, await read_all(settings, "deadletter")
@@ -165,7 +157,7 @@ def test_a_killed_worker_loses_no_line_and_no_decision(broker, unique_prefix: st
         async with Shipper(settings) as shipper:
             for i, job in enumerate(jobs):
                 log = DETERMINISTIC_LOG if i % 2 else NONDETERMINISTIC_LOG
-                await _ship_job(shipper, job, log, "FAILED")
+                await ship_job(shipper, job, log, "FAILED")
             await shipper.flush()
         return await collect_decisions(settings, set(jobs), timeout_s=120)
 
@@ -208,7 +200,7 @@ def test_two_workers_share_the_jobs_and_survive_one_leaving(broker, unique_prefi
     async def ship(jobs: list[str]) -> None:
         async with Shipper(settings) as shipper:
             for i, job in enumerate(jobs):
-                await _ship_job(shipper, job, DETERMINISTIC_LOG if i % 2 else
+                await ship_job(shipper, job, DETERMINISTIC_LOG if i % 2 else
                                 NONDETERMINISTIC_LOG, "FAILED")
             await shipper.flush()
 
