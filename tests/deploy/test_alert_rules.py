@@ -10,6 +10,10 @@ from pathlib import Path
 
 import pytest
 import yaml
+from prometheus_client import generate_latest
+
+from sibylla.online_learning.gate import Scores
+from sibylla.online_learning.metrics import TrainerMetrics
 
 ROOT = Path(__file__).resolve().parents[2]
 RULES = ROOT / "deploy/prometheus/alerts.yml"
@@ -61,3 +65,20 @@ def test_compose_prometheus_mounts_every_rule_file_it_loads() -> None:
     for rule_file in config["rule_files"]:
         assert rule_file in mounts, f"{rule_file} is not mounted into the prometheus service"
         assert mounts[rule_file].resolve() == RULES.resolve()
+
+
+@needs_promtool
+def test_promtool_accepts_the_trainers_metric_names() -> None:
+    """The worker's exposition is linted live (tests/integration/test_operators.py); the
+    trainer's, with every series set, here."""
+    metrics = TrainerMetrics()
+    metrics.labels.labels(use="new").inc()
+    metrics.candidates.labels(result="promoted").inc()
+    metrics.set_scores("candidate", {"real": Scores(46, 0.95, 0.93, 15, 1.0)})
+    metrics.set_model("lstm-1")
+    metrics.drift.set(0.1)
+    metrics.finetune_seconds.set(12.0)
+    result = subprocess.run(["promtool", "check", "metrics"],
+                            input=generate_latest(metrics.registry).decode(),
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stdout + result.stderr
