@@ -50,6 +50,13 @@ class Readiness:
 
     async def _on_rebalance_complete(self, sender: Any, **_: Any) -> None:
         self._completed_rebalance = self.app.rebalancing_count
+        if self.ready_after_s is None and self._partitions():
+            # Timed here, not when first asked: nobody may ask until the next scrape.
+            self.ready_after_s = round(time.monotonic() - self._started, 3)
+
+    def _partitions(self) -> list[int]:
+        return sorted(tp.partition for tp in self.app.assignor.assigned_actives()
+                      if tp.topic == self.topic)
 
     def state(self) -> ReadyState:
         ready, reason, partitions = self._check()
@@ -65,8 +72,7 @@ class Readiness:
             return False, "rebalancing: partitions are being assigned", []
         if app.in_recovery or not app.tables.recovery.completed.is_set():
             return False, "recovering tables from their changelogs", []
-        partitions = sorted(tp.partition for tp in app.assignor.assigned_actives()
-                            if tp.topic == self.topic)
+        partitions = self._partitions()
         if not partitions:
             return False, "no partitions assigned (more workers than partitions?)", []
         return True, f"serving {len(partitions)} partition(s)", partitions
