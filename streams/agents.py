@@ -31,6 +31,7 @@ from faust.types import TP
 
 from sibylla.inference.api import Classifier, LogWindow, Prediction
 from sibylla.schemas.records import (
+    REASON_CLASSES,
     DeadLetter,
     Decision,
     FieldMap,
@@ -77,6 +78,11 @@ class Pipeline:
         self.metrics = metrics or WorkerMetrics()
         self.metrics.set_model(classifier.version)
         self.activity = Activity(classifier.version)  # what the status page shows
+        # Every dead-letter series exists from the start at 0, so that Prometheus counts the
+        # first rejected records as an increase (a series born at N has no increase).
+        for topic in (topology.logs, topology.job_events, topology.decide_requests):
+            for kind in REASON_CLASSES:
+                self.metrics.dead_letters.labels(topic=topic.get_topic_name(), reason=kind)
         self.limits = WindowLimits.of(s)
         self.store = WindowStore(topology.windows, topology.window_chunks, self.limits)
         self.cache = WindowCache(self.store, s.partitions)
