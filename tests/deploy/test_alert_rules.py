@@ -7,6 +7,7 @@ import shutil
 import subprocess
 from collections import defaultdict
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -54,17 +55,35 @@ def test_every_alert_has_a_firing_and_a_quiet_case() -> None:
         assert cases[alert] == {True, False}, f"{alert}: needs a firing and a quiet test case"
 
 
-def test_compose_prometheus_mounts_every_rule_file_it_loads() -> None:
+def _compose_prometheus() -> tuple[dict[str, Any], dict[str, Path]]:
+    """deploy/prometheus.yml, and what compose mounts into its container (target -> source)."""
     config = yaml.safe_load((ROOT / "deploy/prometheus.yml").read_text())
     compose = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
     mounts = {}
     for volume in compose["services"]["prometheus"]["volumes"]:
         source, target = volume.split(":")[:2]
-        mounts[target] = ROOT / source
+        mounts[target] = (ROOT / source).resolve()
+    return config, mounts
+
+
+def test_compose_prometheus_mounts_every_rule_file_it_loads() -> None:
+    config, mounts = _compose_prometheus()
     assert config["rule_files"], "Prometheus in docker compose loads no alert rules"
     for rule_file in config["rule_files"]:
         assert rule_file in mounts, f"{rule_file} is not mounted into the prometheus service"
-        assert mounts[rule_file].resolve() == RULES.resolve()
+        assert mounts[rule_file] == RULES.resolve()
+
+
+@needs_promtool
+def test_promtool_accepts_the_compose_prometheus_config(tmp_path: Path) -> None:
+    """The config as the container sees it: rule files at their mounted paths."""
+    config, mounts = _compose_prometheus()
+    config["rule_files"] = [str(mounts[f]) for f in config["rule_files"]]
+    path = tmp_path / "prometheus.yml"
+    path.write_text(yaml.safe_dump(config))
+    result = subprocess.run(["promtool", "check", "config", str(path)], capture_output=True,
+                            text=True, timeout=60)
+    assert result.returncode == 0, result.stdout + result.stderr
 
 
 @needs_promtool
