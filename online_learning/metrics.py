@@ -57,3 +57,11 @@ class VoteMetrics:
                              registry=r)
         self.rejected = Counter("sibylla_model_announcements_rejected", "Announcements refused "
                                 "(checksum, missing file, unloadable).", registry=r)
+        # Beside sibylla_model_info (the model in use): an operator alerts when they differ.
+        self.announced = Gauge("sibylla_model_announced_info", "The latest model announced "
+                               "for this worker's model name (value 1).", ["version"],
+                               registry=r)
+
+    def set_announced(self, version: str) -> None:
+        self.announced.clear()
+        self.announced.labels(version=version).set(1)

@@ -216,7 +216,13 @@ class OnlineLearning:
             log.warning("unreadable model announcement: %s", exc)
             self.metrics.rejected.inc()
             return False
-        if ann.name != self.s.model_name or ann.version == self.p.classifier.version:
+        if ann.name != self.s.model_name:
+            return False
+        self.metrics.set_announced(ann.version)
+        if ann.version == self.p.classifier.version:
+            # The model in use was announced (a worker restarted reads the compacted topic
+            # from its start): its gate scores are now known.
+            self.p.activity.set_model(ann.version, ann.metrics)
             return False
         ws = self.p.settings
         try:
@@ -232,7 +238,7 @@ class OnlineLearning:
             log.error("model announcement %s refused: %s", ann.version, exc)
             self.metrics.rejected.inc()
             return False
-        self.p.swap_classifier(classifier)
+        self.p.swap_classifier(classifier, ann.metrics)
         self.metrics.swaps.inc()
         log.info("swapped in model %s (announced %s)", ann.version, ann.metrics)
         return True

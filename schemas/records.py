@@ -14,7 +14,7 @@ import hashlib
 import time
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, fields
-from typing import Any, Literal, TypeVar
+from typing import Any, Literal, TypeVar, get_args
 
 import orjson
 
@@ -36,6 +36,8 @@ __all__ = [
     "Label",
     "LogChunk",
     "ModelAnnouncement",
+    "REASON_CLASSES",
+    "ReasonClass",
     "RecordError",
     "Vote",
     "job_key",
@@ -55,8 +57,21 @@ Action = Literal["do_not_retry", "retry", "retry_elsewhere", "default_policy"]
 FAILED_STATES = frozenset({"FAILED", "NODE_FAIL", "OUT_OF_MEMORY", "TIMEOUT"})
 
 
+ReasonClass = Literal["invalid_json", "not_an_object", "missing_job_id", "too_long",
+                      "invalid_field"]
+REASON_CLASSES: tuple[ReasonClass, ...] = get_args(ReasonClass)
+
+
 class RecordError(ValueError):
-    """A record breaks the contract; ``str(err)`` is the reason sent to the dead-letter topic."""
+    """A record breaks the contract; ``str(err)`` is the reason sent to the dead-letter topic.
+
+    ``kind`` sorts the reason into a small fixed set of classes: the dead-letter metric is
+    labelled by it (the reason itself names fields and sizes, too many values for a label).
+    """
+
+    def __init__(self, reason: str, kind: ReasonClass = "invalid_field") -> None:
+        super().__init__(reason)
+        self.kind: ReasonClass = kind
 
 
 @dataclass(frozen=True, slots=True)
@@ -113,7 +128,9 @@ def _checked(check: Check, record: dict[str, Any]) -> None:
     try:
         check(record, "")
     except ValidationFailure as exc:
-        raise RecordError(str(exc)) from None
+        reason = str(exc)
+        kind: ReasonClass = "missing_job_id" if reason.startswith("job_id ") else "invalid_field"
+        raise RecordError(reason, kind) from None
 
 
 _LOGLINE = schema_check("logline.schema.json")
@@ -145,13 +162,13 @@ def from_known_fields(cls: type[R], raw: Mapping[str, Any]) -> R:
 def load_json_object(value: bytes | None) -> dict[str, Any]:
     """A record's JSON object; :class:`RecordError` when it is not one."""
     if value is None:
-        raise RecordError("tombstone: the record has no value")
+        raise RecordError("tombstone: the record has no value", "invalid_json")
     try:
         record = orjson.loads(value)
     except orjson.JSONDecodeError as exc:
-        raise RecordError(f"invalid JSON or UTF-8: {exc}") from None
+        raise RecordError(f"invalid JSON or UTF-8: {exc}", "invalid_json") from None
     if not isinstance(record, dict):
-        raise RecordError("record is not a JSON object")
+        raise RecordError("record is not a JSON object", "not_an_object")
     return record
 
 
@@ -165,7 +182,7 @@ def _line_within(line: str, max_line_bytes: int, where: str) -> str:
     # len() counts code points; UTF-8 needs at most 4 bytes each, so only long lines pay
     # for an exact byte count.
     if len(line) * 4 > max_line_bytes and len(line.encode()) > max_line_bytes:
-        raise RecordError(f"{where} longer than {max_line_bytes} bytes")
+        raise RecordError(f"{where} longer than {max_line_bytes} bytes", "too_long")
     return line
 
 

@@ -114,8 +114,8 @@ class Settings:
     store: StoreKind = setting("rocksdb", "Table store: rocksdb (production) or memory.")
     data_dir: Path = setting(Path("sibylla-data"), "Where the worker keeps its table stores.")
     web_host: str = setting("127.0.0.1", "Bind address of the worker's HTTP server.")
-    web_port: int = setting(6066, "Port of the worker's HTTP server (metrics, decisions).",
-                             min=0, max=65535)
+    web_port: int = setting(6066, "Port of the worker's HTTP server (status page, /ready, "
+                            "/metrics, decisions).", min=0, max=65535)
     log_level: Literal["debug", "info", "warning", "error"] = setting("info", "Log level.")
 
     # ------------------------------------------------------------------------------------------

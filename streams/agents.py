@@ -30,7 +30,7 @@ import logging
 import os
 import time
 import weakref
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any, TypeVar
 
 import orjson
@@ -39,11 +39,13 @@ from faust.types import TP
 
 from sibylla.inference.api import Classifier, LogWindow, Prediction
 from sibylla.schemas.records import (
+    REASON_CLASSES,
     DeadLetter,
     Decision,
     FieldMap,
     JobEvent,
     LogChunk,
+    ReasonClass,
     RecordError,
     job_key,
     load_json_object,
@@ -51,6 +53,7 @@ from sibylla.schemas.records import (
     parse_log_record,
 )
 from sibylla.simulator.reliability import FailureRateEstimator
+from sibylla.streams.activity import Activity, DeadLetterNote
 from sibylla.streams.app import Topology
 from sibylla.streams.batcher import MicroBatcher
 from sibylla.streams.gaps import GapFiller, ends_on_cancel, finish
@@ -91,9 +94,17 @@ class Pipeline:
         self.classifier = classifier
         self.metrics = metrics or WorkerMetrics()
         self.metrics.set_model(classifier.version)
+        self.activity = Activity(classifier.version)  # what the status page shows
+        # Every dead-letter series exists from the start at 0, so that Prometheus counts the
+        # first rejected records as an increase (a series born at N has no increase).
+        for topic in (topology.logs, topology.job_events, topology.decide_requests):
+            for kind in REASON_CLASSES:
+                self.metrics.dead_letters.labels(topic=topic.get_topic_name(), reason=kind)
         self.limits = WindowLimits.of(s)
         self.store = WindowStore(topology.windows, topology.window_chunks, self.limits)
         self.cache = WindowCache(self.store, s.partitions)
+        # Counted when scraped: windows also go when decided, released or expired.
+        self.metrics.active_windows.set_function(lambda: len(self.cache))
         self.field_map = FieldMap.parse(s.field_map)
         self.batcher: MicroBatcher[LogWindow, Prediction] = MicroBatcher(
             classifier.predict, s.batch_max_windows, s.batch_max_wait_ms / 1000.0,
@@ -125,11 +136,14 @@ class Pipeline:
         app.on_partitions_revoked.connect(self._on_revoked)
         app.on_partitions_assigned.connect(self._on_assigned)
 
-    def swap_classifier(self, classifier: Classifier) -> None:
-        """Use another model from the next micro-batch on (the running batch finishes)."""
+    def swap_classifier(self, classifier: Classifier,
+                        scores: Mapping[str, Any] | None = None) -> None:
+        """Use another model from the next micro-batch on (the running batch finishes).
+        ``scores``: its gate scores, when known (the status page shows them)."""
         self.classifier = classifier
         self.batcher.swap(classifier.predict)
         self.metrics.set_model(classifier.version)
+        self.activity.set_model(classifier.version, scores)
 
     async def _on_revoked(self, app: Any, revoked: set[TP], **_: Any) -> None:
         """Forget what this worker knew of a partition it no longer owns: if it comes back,
@@ -167,7 +181,8 @@ class Pipeline:
         self.gaps.mark(events)
 
     # ---------------------------------------------------------------- helpers
-    async def _dead_letter(self, event: Any, reason: str, agent: str) -> None:
+    async def _dead_letter(self, event: Any, reason: str, kind: ReasonClass, agent: str
+                           ) -> None:
         """Send a record the agent cannot take to the dead-letter topic. If even that fails,
         the worker exits at once: its batch is then never acknowledged, and a restart replays
         it, where carrying on would acknowledge a record that went nowhere."""
@@ -181,7 +196,8 @@ class Pipeline:
                          msg.topic, msg.partition, msg.offset, exc_info=True)
             logging.shutdown()
             os._exit(70)
-        self.metrics.dead_letters.labels(topic=msg.topic).inc()
+        self.metrics.dead_letters.labels(topic=msg.topic, reason=kind).inc()
+        self.activity.on_dead_letter(DeadLetterNote(time.time(), msg.topic, kind, reason))
         log.warning("dead letter from %s[%d]@%d: %s", msg.topic, msg.partition, msg.offset,
                     reason)
 
@@ -189,14 +205,15 @@ class Pipeline:
         """``parse(value)``, or None once the record is dead-lettered: for a contract
         violation with its reason, for anything else with the error (a parser bug must cost
         one record, not the batch faust would acknowledge with it)."""
+        kind: ReasonClass = "invalid_field"
         try:
             return parse(event.message.value)
         except RecordError as exc:
-            reason = str(exc)
+            reason, kind = str(exc), exc.kind
         except Exception as exc:  # noqa: BLE001 - see the docstring
             log.exception("%s could not parse a record", agent)
             reason = f"internal error: {type(exc).__name__}: {exc}"
-        await self._dead_letter(event, reason, agent)
+        await self._dead_letter(event, reason, kind, agent)
         return None
 
     async def _request_decision(self, job_id: str, attempt: int) -> None:
@@ -231,7 +248,7 @@ class Pipeline:
         touched: dict[str, Any] = {}
         decided_in_batch: dict[str, bool] = {}
         ended: list[tuple[str, int]] = []
-        lines = nbytes = late = 0
+        lines = nbytes = records = late = 0
         parse = self._parse_log
         for event in events:
             msg = event.message
@@ -262,6 +279,7 @@ class Pipeline:
             touched[key] = window
             lines += len(chunk.lines)
             nbytes += len(msg.value)
+            records += 1
         if touched:
             self.in_event(events[-1])
             for key, window in touched.items():
@@ -273,6 +291,7 @@ class Pipeline:
         self._finished(events)
         m.lines.inc(lines)
         m.bytes.inc(nbytes)
+        m.records.inc(records)
         if late:
             m.late_lines.inc(late)
         if now - self._windows_swept.get(partition, 0.0) > SWEEP_EVERY_S:
@@ -280,7 +299,6 @@ class Pipeline:
             self.in_event(events[-1])
             self._expire_windows(partition, now)
             m.window_bytes.set(cache.text_bytes())  # O(windows): with the sweep, not per batch
-        m.active_windows.set(len(cache))
 
     def _expire_windows(self, partition: int, now: float) -> None:
         """Drop windows of attempts silent for longer than the TTL (no termination came)."""
@@ -316,7 +334,8 @@ class Pipeline:
                 log.exception("job event %s[%d]@%d failed", event.message.topic,
                               event.message.partition, event.message.offset)
                 await self._dead_letter(
-                    event, f"internal error: {type(exc).__name__}: {exc}", "terminations")
+                    event, f"internal error: {type(exc).__name__}: {exc}", "invalid_field",
+                    "terminations")
         self._finished(events)
 
     async def _on_job_event(self, event: Any) -> None:
@@ -471,6 +490,7 @@ class Pipeline:
             if decision.explored:
                 self.metrics.explored.inc()
             self.metrics.decision_latency.observe(decision.latency_ms / 1000.0)
+            self.activity.on_decision(decision)
             for hook in self.decided_hooks:
                 await hook(window, decision)
 

@@ -21,13 +21,16 @@ class WorkerMetrics:
         self.lines = Counter("sibylla_log_lines_ingested", "Log lines accepted.", registry=r)
         self.bytes = Counter("sibylla_log_bytes_ingested", "Log record bytes accepted.",
                              registry=r)
+        self.records = Counter("sibylla_log_records_ingested", "Log records (LogLine or "
+                               "LogBatch) accepted.", registry=r)
         self.late_lines = Counter("sibylla_late_log_lines_dropped",
                                   "Lines for attempts already decided.", registry=r)
         self.rekeyed = Counter("sibylla_log_records_rekeyed",
                                "Log records whose Kafka key was not their job_id, re-published "
                                "under it.", registry=r)
         self.dead_letters = Counter("sibylla_dead_letters", "Records sent to the dead-letter "
-                                    "topic.", ["topic"], registry=r)
+                                    "topic, by source topic and reason class.",
+                                    ["topic", "reason"], registry=r)
         self.refetched = Counter("sibylla_records_refetched",
                                  "Records the consumer skipped (a rebalance cut a batch), read "
                                  "again from the broker.", ["topic"], registry=r)
@@ -52,7 +55,8 @@ class WorkerMetrics:
         self.batch_latency = Histogram("sibylla_inference_batch_seconds",
                                        "Model time per micro-batch.",
                                        buckets=_LATENCY_BUCKETS, registry=r)
-        self.consumer_lag = Gauge("sibylla_consumer_lag", "End offset minus committed offset.",
+        self.consumer_lag = Gauge("sibylla_consumer_lag", "Records not yet committed by the "
+                                  "group: end offset minus committed offset.",
                                   ["topic", "partition"], registry=r)
         self.worker_info = Gauge("sibylla_worker_info", "This worker process (value 1).",
                                  ["pid"], registry=r)
@@ -62,9 +66,11 @@ class WorkerMetrics:
         self.failure_rate = Gauge("sibylla_node_failure_rate_per_node_day",
                                   "Estimated infrastructure failures per node-day (r_f).",
                                   registry=r)
-        self.mttf_hours = Gauge("sibylla_mttf_hours",
-                                "Projected mean time to failure, by job size in nodes.",
-                                ["nodes"], registry=r)
+        self.mttf_seconds = Gauge("sibylla_mttf_seconds",
+                                  "Projected mean time to failure, by job size in nodes.",
+                                  ["nodes"], registry=r)
+        self.ready = Gauge("sibylla_worker_ready", "1 when this worker owns partitions with "
+                           "their tables recovered (GET /ready), else 0.", registry=r)
 
     def on_batch(self, size: int, seconds: float) -> None:
         self.batch_size.observe(size)

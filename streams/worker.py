@@ -1,6 +1,9 @@
 """A Sibylla worker: the agents plus its HTTP pages, started as one process.
 
 HTTP (faust's web server, on ``web_host:web_port``):
+- ``GET /``: the status page (model, lag, last decisions, dead letters; ``status_page``);
+- ``GET /ready``: 200 when the worker owns partitions with their tables recovered, else 503,
+  with a JSON body saying why (``readiness``);
 - ``GET /metrics``: Prometheus metrics;
 - ``GET /decisions/{job_id}``: the latest decision for a job (404 when none); a worker that
   does not own the job's partition redirects to the one that does.
@@ -11,6 +14,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
+import os
+import socket
 import time
 from typing import Any
 
@@ -25,7 +30,9 @@ from sibylla.simulator.reliability import mttf_hours
 from sibylla.streams.agents import Pipeline
 from sibylla.streams.app import build_app
 from sibylla.streams.keys import attempt_key
+from sibylla.streams.readiness import Readiness
 from sibylla.streams.state import live_get
+from sibylla.streams.status_page import render_status_page
 from sibylla.streams.topics import ensure_topics
 
 __all__ = ["build_worker", "run_worker"]
@@ -39,6 +46,19 @@ MTTF_JOB_NODES = (1, 16, 128, 1024, 2048)  # job sizes the MTTF gauge is project
 
 def _register_pages(pipeline: Pipeline) -> None:
     app, t = pipeline.t.app, pipeline.t
+    readiness = Readiness(app, t.logs.get_topic_name())
+    pipeline.metrics.ready.set_function(lambda: float(readiness.state().ready))
+    worker_name = f"{socket.gethostname()}:{pipeline.settings.web_port} (pid {os.getpid()})"
+
+    @app.page("/")
+    async def status(web: View, request: Request) -> Response:
+        html = render_status_page(pipeline.activity, readiness.state(), worker_name)
+        return web.html(html)
+
+    @app.page("/ready")
+    async def ready(web: View, request: Request) -> Response:
+        state = readiness.state()
+        return web.json(state.to_dict(), status=200 if state.ready else 503)
 
     @app.page("/metrics")
     async def metrics(web: View, request: Request) -> Response:
@@ -61,8 +81,10 @@ def _register_lag(pipeline: Pipeline) -> None:
     @app.timer(LAG_EVERY_S, name="consumer_lag")
     async def consumer_lag() -> None:
         try:
-            for (topic, partition), lag in (await probe.lag()).items():
+            lags = await probe.lag()
+            for (topic, partition), lag in lags.items():
                 pipeline.metrics.consumer_lag.labels(topic=topic, partition=str(partition)).set(lag)
+            pipeline.activity.set_lag(lags)
         except Exception as exc:  # noqa: BLE001 - a metric must never stop the worker
             log.warning("consumer lag probe failed: %s", exc)
 
@@ -80,8 +102,8 @@ def _register_reliability(pipeline: Pipeline) -> None:
             return
         pipeline.metrics.failure_rate.set(rate)
         for nodes in MTTF_JOB_NODES:
-            pipeline.metrics.mttf_hours.labels(nodes=str(nodes)).set(
-                mttf_hours(nodes * estimator.gpus_per_node, rate, estimator.gpus_per_node))
+            pipeline.metrics.mttf_seconds.labels(nodes=str(nodes)).set(3600.0 * mttf_hours(
+                nodes * estimator.gpus_per_node, rate, estimator.gpus_per_node))
 
 
 def build_worker(settings: Settings, classifier: Classifier | None = None) -> Pipeline:

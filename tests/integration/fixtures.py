@@ -13,10 +13,11 @@ from typing import Any
 import orjson
 
 from sibylla.brokers.process import free_port
-from sibylla.schemas.records import Decision
+from sibylla.schemas.records import Decision, JobEvent
 from sibylla.settings import Settings
 from sibylla.streams.follow import follow, follow_decisions
 from sibylla.streams.launch import WorkerProcess
+from sibylla.streams.ship import Shipper
 from sibylla.streams.topics import ensure_topics
 
 DETERMINISTIC_LOG = """\
@@ -61,6 +62,16 @@ def make_settings(bootstrap: str, prefix: str, workdir: Path, **overrides: Any) 
 def start_worker(settings: Settings, workdir: Path, name: str = "worker") -> WorkerProcess:
     asyncio.run(ensure_topics(settings))
     return WorkerProcess(settings, workdir / f"{name}.log").start()
+
+
+async def ship_job(shipper: Shipper, job_id: str, log: str | None, state: str,
+                   nodes: tuple[str, ...] = ("gpu-a01",)) -> None:
+    """A job's log (marked end of stream) and its termination event, as a shipper and a
+    scheduler hook would send them."""
+    if log is not None:
+        await shipper.send_lines(job_id, log.splitlines(), eos=True)
+    await shipper.send_event(JobEvent(job_id, 0, "finished", state,
+                                      0 if state == "COMPLETED" else 1, None, nodes, 8))
 
 
 async def collect_decisions(settings: Settings, expected: set[str], timeout_s: float

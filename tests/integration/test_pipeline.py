@@ -16,7 +16,6 @@ import pytest
 from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
 
-from sibylla.schemas.records import JobEvent
 from sibylla.settings import Settings
 from sibylla.streams.ship import Shipper
 from sibylla.streams.topics import ensure_topics
@@ -29,18 +28,11 @@ from tests.integration.fixtures import (
     metric,
     only_brokers,
     read_all,
+    ship_job,
     start_worker,
 )
 
 pytestmark = pytest.mark.integration
-
-
-async def _ship_job(shipper: Shipper, job_id: str, log: str | None, state: str,
-                    nodes: tuple[str, ...] = ("gpu-a01",)) -> None:
-    if log is not None:
-        await shipper.send_lines(job_id, log.splitlines(), eos=True)
-    await shipper.send_event(JobEvent(job_id, 0, "finished", state,
-                                      0 if state == "COMPLETED" else 1, None, nodes, 8))
 
 
 def test_failed_jobs_get_one_decision_and_completed_jobs_none(broker, unique_prefix: str,
@@ -50,11 +42,11 @@ def test_failed_jobs_get_one_decision_and_completed_jobs_none(broker, unique_pre
 
         async def scenario() -> list:
             async with Shipper(settings) as shipper:
-                await _ship_job(shipper, "job-shape", DETERMINISTIC_LOG, "FAILED")
-                await _ship_job(shipper, "job-nccl", NONDETERMINISTIC_LOG, "FAILED",
+                await ship_job(shipper, "job-shape", DETERMINISTIC_LOG, "FAILED")
+                await ship_job(shipper, "job-nccl", NONDETERMINISTIC_LOG, "FAILED",
                                 ("gpu-b07", "gpu-b08"))
-                await _ship_job(shipper, "job-ok", "epoch 9 done\nsaved checkpoint", "COMPLETED")
-                await _ship_job(shipper, "job-silent", None, "NODE_FAIL", ("gpu-c01",))
+                await ship_job(shipper, "job-ok", "epoch 9 done\nsaved checkpoint", "COMPLETED")
+                await ship_job(shipper, "job-silent", None, "NODE_FAIL", ("gpu-c01",))
                 await shipper.flush()
             return await collect_decisions(
                 settings, {"job-shape", "job-nccl", "job-silent"}, timeout_s=90)
@@ -95,8 +87,8 @@ def test_with_exploration_a_deterministic_verdict_is_sent_as_default_policy(
 
         async def scenario() -> list:
             async with Shipper(settings) as shipper:
-                await _ship_job(shipper, "job-shape", DETERMINISTIC_LOG, "FAILED")
-                await _ship_job(shipper, "job-nccl", NONDETERMINISTIC_LOG, "FAILED")
+                await ship_job(shipper, "job-shape", DETERMINISTIC_LOG, "FAILED")
+                await ship_job(shipper, "job-nccl", NONDETERMINISTIC_LOG, "FAILED")
                 await shipper.flush()
             return await collect_decisions(settings, {"job-shape", "job-nccl"}, timeout_s=90)
 
@@ -133,7 +125,7 @@ def test_bad_records_go_to_the_dead_letter_topic_and_the_worker_goes_on(
                 for key, value in bad.items():
                     await shipper.send_raw(settings.topic("logs"), key, value)
                 await shipper.send_raw(settings.topic("job-events"), b"j5", b'{"job_id": "j5"}')
-                await _ship_job(shipper, "job-after", DETERMINISTIC_LOG, "FAILED")
+                await ship_job(shipper, "job-after", DETERMINISTIC_LOG, "FAILED")
                 await shipper.flush()
             decisions = await collect_decisions(settings, {"job-after"}, timeout_s=90)
             return decisions, await read_all(settings, "deadletter")
@@ -195,7 +187,7 @@ def test_poison_records_are_dead_lettered_once_and_take_no_valid_record_with_the
                 await shipper.send_raw(settings.topic("logs"), key, value)
             for job in jobs:
                 await shipper.send_lines(job, [], eos=True)
-                await _ship_job(shipper, job, None, "FAILED")
+                await ship_job(shipper, job, None, "FAILED")
                 for key, value in itertools.islice(poison_events, 1):
                     await shipper.send_raw(settings.topic("job-events"), key, value)
             await shipper.flush()
@@ -240,7 +232,7 @@ def test_a_decision_the_broker_refused_is_made_again_once_it_accepts(
 
     async def ship() -> None:
         async with Shipper(settings) as shipper:
-            await _ship_job(shipper, "refused-once", DETERMINISTIC_LOG, "FAILED")
+            await ship_job(shipper, "refused-once", DETERMINISTIC_LOG, "FAILED")
             await shipper.flush()
 
     with start_worker(settings, tmp_path) as worker:
@@ -277,7 +269,7 @@ def test_a_killed_worker_loses_no_line_and_no_decision(broker, unique_prefix: st
         async with Shipper(settings) as shipper:
             for i, job in enumerate(jobs):
                 log = DETERMINISTIC_LOG if i % 2 else NONDETERMINISTIC_LOG
-                await _ship_job(shipper, job, log, "FAILED")
+                await ship_job(shipper, job, log, "FAILED")
             await shipper.flush()
         return await collect_decisions(settings, set(jobs), timeout_s=120)
 
@@ -320,7 +312,7 @@ def test_two_workers_share_the_jobs_and_survive_one_leaving(broker, unique_prefi
     async def ship(jobs: list[str]) -> None:
         async with Shipper(settings) as shipper:
             for i, job in enumerate(jobs):
-                await _ship_job(shipper, job, DETERMINISTIC_LOG if i % 2 else
+                await ship_job(shipper, job, DETERMINISTIC_LOG if i % 2 else
                                 NONDETERMINISTIC_LOG, "FAILED")
             await shipper.flush()
 

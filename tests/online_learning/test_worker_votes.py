@@ -56,7 +56,7 @@ def fake_pipeline() -> Any:
         metrics=SimpleNamespace(registry=CollectorRegistry()), decided_hooks=[],
         classifier=SimpleNamespace(version="v0"), swapped=[])
     p.in_event = lambda event: None
-    p.swap_classifier = p.swapped.append
+    p.swap_classifier = lambda classifier, scores=None: p.swapped.append(classifier)
     return p
 
 
@@ -136,6 +136,9 @@ async def test_announced_model_is_swapped_only_with_the_right_checksum(tmp_path:
     ann = announcement("sibylla-classifier", "v1", path, sha256_file(path), {})
     tampered = orjson.loads(ann.to_json()) | {"sha256": "0" * 64}
     assert not await ol.on_announcement(orjson.dumps(tampered))
+    # Announced but refused: what the SibyllaModelAnnouncedNotLoaded alert compares.
+    registry = ol.p.metrics.registry
+    assert registry.get_sample_value("sibylla_model_announced_info", {"version": "v1"}) == 1
     assert not await ol.on_announcement(b"{}")
     assert await ol.on_announcement(ann.to_json())
     assert [c.version for c in ol.p.swapped] == ["v1"]
