@@ -79,7 +79,9 @@ def _label(args: argparse.Namespace) -> int:
     import urllib.request
 
     settings = settings_from_args(args)
-    token = _online(args).operator_token
+    from .settings import OnlineSettings
+
+    token = OnlineSettings.from_env().operator_token
     if not token:
         print("sibylla label: no operator token: set SIBYLLA_OPERATOR_TOKEN", file=sys.stderr)
         return 2

@@ -55,7 +55,8 @@ class WorkerProcess:
             self.proc = subprocess.Popen(
                 [sys.executable, "-m", "sibylla", "worker"], stdout=out,
                 stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
-                preexec_fn=die_with_parent, env={**os.environ, **self.extra_env, **self.settings.to_env()})
+                preexec_fn=die_with_parent,
+                env={**os.environ, **self.extra_env, **self.settings.to_env()})
         mine = f'sibylla_worker_info{{pid="{self.proc.pid}"}}'
         deadline = time.monotonic() + ready_timeout_s
         while time.monotonic() < deadline:
