@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from importlib import resources
+from pathlib import Path
 
 import jsonschema
 import orjson
@@ -200,3 +201,30 @@ def test_a_job_event_kept_in_state_comes_back_as_it_was() -> None:
                      1.5)
     assert JobEvent.from_dict(orjson.loads(orjson.dumps(event.to_dict()))) == event
     assert JobEvent.from_dict({"job_id": "j", "attempt": 0, "event": "started"}).nodes == ()
+
+
+def test_signed_announcements_and_operator_votes_fit_their_schemas_and_old_records_parse(
+        tmp_path: Path) -> None:
+    """A signed announcement (sequence, signature) and an operator's vote with its name
+    validate; records written before those fields existed still validate and parse."""
+    from sibylla.online_learning.announce import announcement
+    from sibylla.online_learning.signing import generate_key_pair, load_private_key
+
+    generate_key_pair(tmp_path / "k")
+    model = tmp_path / "m.safetensors"
+    model.write_bytes(b"weights")
+    signed = orjson.loads(announcement("m", "v2", model, "ab" * 32, {"real": 0.9}, 7,
+                                       load_private_key(tmp_path / "k")).to_json())
+    schema = _schema("model_announcement.schema.json")
+    jsonschema.validate(signed, schema)
+    old = {k: v for k, v in signed.items() if k not in ("sequence", "signature")}
+    jsonschema.validate(old, schema)
+    parsed = ModelAnnouncement.from_json(orjson.dumps(old))
+    assert (parsed.sequence, parsed.signature) == (0, "")
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate({**signed, "signature": "not base64!"}, schema)
+    label = orjson.loads(Label("j", 0, "deterministic",
+                               [Vote("operator", "deterministic", 10.0, "alice")], "log"
+                               ).to_json())
+    jsonschema.validate(label, _schema("label.schema.json"))
+    assert Label.from_json(orjson.dumps(label)).votes[0].by == "alice"
