@@ -31,6 +31,7 @@ from faust.web import Request, Response, View
 
 from sibylla.inference.api import Classifier, LogWindow, Prediction
 from sibylla.schemas.records import Decision, ModelAnnouncement, RecordError, parse_job_event
+from sibylla.settings import SettingsError
 from sibylla.streams.agents import Pipeline
 from sibylla.streams.app import RAW, raw_table
 from sibylla.streams.keys import attempt_key
@@ -41,6 +42,7 @@ from .committee import build_committee
 from .metrics import VoteMetrics
 from .operators import DISABLED, OperatorAuthError, OperatorTokens
 from .settings import OnlineSettings
+from .signing import SigningKeyError
 from .trust import AnnouncementGuard
 from .votes import (
     OUTCOME,
@@ -79,10 +81,19 @@ class OnlineLearning:
                                      partitions=ws.partitions, **RAW)
         self.metrics = VoteMetrics(pipeline.metrics.registry)
         self._last_sweep: dict[int, float] = {}
-        self.guard = AnnouncementGuard(settings, ws.data_dir / SEQUENCE_FILE)
+        try:
+            self.guard = AnnouncementGuard(settings, ws.data_dir / SEQUENCE_FILE)
+        except SigningKeyError as exc:
+            raise SettingsError(f"model_public_key: {exc}") from None
         self.roots = settings.roots()
-        self.operators = (OperatorTokens.from_file(settings.operator_tokens_file)
-                          if settings.operator_tokens_file else None)
+        try:
+            self.operators = (OperatorTokens.from_file(settings.operator_tokens_file)
+                              if settings.operator_tokens_file else None)
+        except OSError as exc:
+            raise SettingsError(f"operator_tokens_file: {settings.operator_tokens_file}: "
+                                f"{exc.strerror}") from None
+        except ValueError as exc:
+            raise SettingsError(f"operator_tokens_file: {exc}") from None
 
     def register(self) -> None:
         app = self.p.t.app

@@ -166,10 +166,26 @@ def test_a_trainer_with_an_unusable_key_does_not_start(tmp_path: Path) -> None:
         signing_key(OnlineSettings(model_signing_key=str(tmp_path / "missing.key")))
 
 
-def test_a_bad_public_key_stops_the_worker_with_a_clear_error(
+def test_a_bad_public_key_or_tokens_file_stops_the_worker_with_a_line_naming_it(
         models: dict[str, Path], tmp_path: Path) -> None:
-    with pytest.raises(SigningKeyError, match="not an Ed25519 public key"):
+    with pytest.raises(SettingsError, match="model_public_key: not an Ed25519 public key"):
         worker(models, tmp_path, public_key="not-a-key")
+    missing = OnlineSettings(operator_tokens_file=str(tmp_path / "missing"))
+    with pytest.raises(SettingsError, match="operator_tokens_file: .*missing"):
+        loop(missing)
+
+
+def test_sibylla_label_without_a_token_says_which_variable_to_set(
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.delenv("SIBYLLA_OPERATOR_TOKEN", raising=False)
+    assert main(["label", "job", "0", "deterministic", "--url", "http://127.0.0.1:9"]) == 2
+    assert "SIBYLLA_OPERATOR_TOKEN" in capsys.readouterr().err
+
+
+def test_online_settings_travel_to_a_worker_process_unchanged(tmp_path: Path) -> None:
+    online = OnlineSettings(models_dir=tmp_path, allow_unsigned_models=True,
+                            model_public_key="k", operator_tokens_file="/etc/t")
+    assert OnlineSettings.from_env(online.to_env()) == online
 
 
 def tokens_file(tmp_path: Path, text: str, mode: int = 0o600) -> Path:
