@@ -241,6 +241,8 @@ class OnlineLearning:
             tps = [TopicPartition(topic, p) for p in sorted(partitions)]
             consumer.assign(tps)
             await consumer.seek_to_beginning(*tps)
+            for value in await _latest_per_key(consumer, tps):
+                await self.on_announcement(value)
             async for msg in consumer:
                 await self.on_announcement(msg.value)
         finally:
@@ -284,6 +286,30 @@ class OnlineLearning:
             raise AnnouncementError("wrong_version", f"file holds model {classifier.version}, "
                                     f"announced {ann.version}")
         return classifier
+
+
+async def _latest_per_key(consumer: AIOKafkaConsumer, tps: list[TopicPartition]
+                          ) -> list[bytes]:
+    """The records on ``tps`` when the worker starts, the last one per key only (what
+    compaction keeps; the broker may not have compacted yet), then any that came meanwhile.
+
+    Older announcements of a key are history, not replays: a restarted worker must neither
+    load each of them in turn nor refuse (and count) them as replays of its newest one.
+    """
+    ends = await consumer.end_offsets(tps)
+    latest: dict[bytes | None, bytes] = {}
+    newer: list[bytes] = []
+    pending = {tp for tp in tps if ends[tp] > await consumer.position(tp)}
+    while pending:
+        for tp, records in (await consumer.getmany(*pending, timeout_ms=1000)).items():
+            for msg in records:
+                if msg.offset < ends[tp]:
+                    latest.pop(msg.key, None)  # keep the order of the last records
+                    latest[msg.key] = msg.value
+                else:
+                    newer.append(msg.value)
+        pending = {tp for tp in pending if await consumer.position(tp) < ends[tp]}
+    return [*latest.values(), *newer]
 
 
 def register(pipeline: Pipeline, committee: Mapping[str, Classifier] | None = None,

@@ -161,3 +161,36 @@ def test_outcomes_become_labels_and_a_promoted_model_makes_the_next_decision(
         [label] = asyncio.run(relabeled())
         assert {v.source for v in label.votes} >= {"operator", "outcome"}
         assert [v.by for v in label.votes if v.source == "operator"] == ["alice"]
+
+
+def test_a_starting_worker_acts_on_the_last_announcement_per_model_only(
+        broker, unique_prefix: str, tmp_path: Path) -> None:
+    """Older announcements still on the (not yet compacted) models topic are history: a
+    restarted worker must not load each in turn, nor count them as replays of its newest."""
+    from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+
+    from sibylla.online_learning.worker import _latest_per_key
+    from sibylla.streams.topics import ensure_topics
+
+    settings = make_settings(broker.bootstrap_servers, unique_prefix, tmp_path)
+
+    async def backlog() -> list[bytes]:
+        await ensure_topics(settings)
+        topic = settings.topic("models")
+        producer = AIOKafkaProducer(bootstrap_servers=settings.bootstrap_servers)
+        await producer.start()
+        for key, value in ((b"a", b"a1"), (b"a", b"a2"), (b"b", b"b1"), (b"a", b"a3")):
+            await producer.send_and_wait(topic, value, key=key)
+        await producer.stop()
+        consumer = AIOKafkaConsumer(bootstrap_servers=settings.bootstrap_servers,
+                                    group_id=None, enable_auto_commit=False)
+        await consumer.start()
+        try:
+            tps = [TopicPartition(topic, 0)]
+            consumer.assign(tps)
+            await consumer.seek_to_beginning(*tps)
+            return await _latest_per_key(consumer, tps)
+        finally:
+            await consumer.stop()
+
+    assert asyncio.run(backlog()) == [b"b1", b"a3"]
