@@ -11,6 +11,7 @@
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -19,6 +20,7 @@ from sibylla.brokers.process import BrokerProcess, free_port
 __all__ = ["KAFKA_SCRIPT", "SUPER_USER", "apache_kafka", "tansu"]
 
 SUPER_USER = "admin"  # the secured broker's super user (deploy/kafka/kafka.sh)
+_PLAIN = re.compile(r"[A-Za-z0-9._-]+")
 
 # deploy/kafka/kafka.sh of a source checkout (the package itself does not carry the jars).
 KAFKA_SCRIPT = Path(__file__).resolve().parents[2] / "deploy" / "kafka" / "kafka.sh"
@@ -63,6 +65,10 @@ def apache_kafka(workdir: Path, port: int | None = None,
     if scram_users is not None:
         if SUPER_USER not in scram_users:
             raise ValueError(f"scram_users: the super user {SUPER_USER!r} is required")
+        for name, password in scram_users.items():  # they go into --add-scram and JAAS lines
+            if not (_PLAIN.fullmatch(name) and _PLAIN.fullmatch(password)):
+                raise ValueError(f"scram_users: user {name!r}: names and passwords may hold "
+                                 "letters, digits, '.', '_' and '-' only")
         users = workdir / "scram-users"
         workdir.mkdir(parents=True, exist_ok=True)
         fd = os.open(users, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
