@@ -178,7 +178,7 @@ def _flip(label: str) -> Any:
 def _burst(trainer: Trainer, jobs: list[Record], at: int, rule: VoteRule) -> None:
     """An operator (or an attacker with the operator's access) labels jobs, all wrongly."""
     for k, record in enumerate(jobs):
-        vote = operator_vote(_flip(record.label), rule)
+        vote = operator_vote(_flip(record.label), rule, "adversary")
         trainer.add_label(Label(f"adv{k}", 0, vote.label, [vote], record.log, "",
                                 float(at) + k / len(jobs)))
 

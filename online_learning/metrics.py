@@ -46,7 +46,8 @@ class TrainerMetrics:
 
 
 class VoteMetrics:
-    """The worker side: votes cast, labels published, model announcements handled."""
+    """The worker side: votes cast, labels published, model announcements handled, operator
+    requests refused."""
 
     def __init__(self, registry: CollectorRegistry) -> None:
         r = registry
@@ -55,8 +56,13 @@ class VoteMetrics:
                               ["label"], registry=r)
         self.swaps = Counter("sibylla_model_swaps", "Announced models loaded and swapped in.",
                              registry=r)
-        self.rejected = Counter("sibylla_model_announcements_rejected", "Announcements refused "
-                                "(checksum, missing file, unloadable).", registry=r)
+        self.rejected = Counter("sibylla_model_announcements_rejected", "Announcements refused, "
+                                "by reason (unsigned, bad_signature, replayed, outside_roots, "
+                                "checksum, missing_file, unloadable, ...).", ["reason"],
+                                registry=r)
+        self.operator_refused = Counter("sibylla_operator_requests_refused", "Operator labels "
+                                        "refused, by reason (missing_token, malformed, "
+                                        "wrong_token, disabled).", ["reason"], registry=r)
         # Beside sibylla_model_info (the model in use): an operator alerts when they differ.
         self.announced = Gauge("sibylla_model_announced_info", "The latest model announced "
                                "for this worker's model name (value 1).", ["version"],

@@ -16,21 +16,23 @@ import random
 from collections.abc import Sequence
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from sibylla.inference.checkpoint import load_checkpoint
 from sibylla.inference.corpus import REAL_FILES, load_records, packaged_path
 from sibylla.inference.synthetic import generate
 from sibylla.inference.train import Example, examples_from_records
 from sibylla.schemas.records import Label
-from sibylla.settings import Settings
+from sibylla.settings import Settings, SettingsError
 from sibylla.streams.topics import ensure_topics
 
 from .announce import announcement
 from .settings import OnlineSettings
+from .signing import SigningKeyError, load_private_key
 from .store import ModelEntry, ModelStore
 from .trainer import Trainer
 
-__all__ = ["announce", "replay_seed", "run_trainer"]
+__all__ = ["announce", "replay_seed", "run_trainer", "signing_key"]
 
 log = logging.getLogger(__name__)
 
@@ -46,11 +48,25 @@ def replay_seed(seed: int = 0) -> list[Example]:
     return examples_from_records(records)
 
 
+def signing_key(online: OnlineSettings) -> Ed25519PrivateKey | None:
+    """The trainer's signing key (None, with a warning, when none is configured)."""
+    if not online.model_signing_key:
+        log.warning("no SIBYLLA_MODEL_SIGNING_KEY: model announcements go out unsigned, and "
+                    "workers refuse them unless SIBYLLA_ALLOW_UNSIGNED_MODELS is on")
+        return None
+    try:
+        return load_private_key(online.model_signing_key)
+    except SigningKeyError as exc:
+        raise SettingsError(f"model_signing_key: {exc}") from None
+
+
 async def announce(settings: Settings, online: OnlineSettings, store: ModelStore,
-                   entry: ModelEntry, producer: AIOKafkaProducer | None = None) -> None:
-    """Publish ``entry`` on sibylla.models (workers verify its checksum and swap it in)."""
+                   entry: ModelEntry, key: Ed25519PrivateKey | None,
+                   producer: AIOKafkaProducer | None = None) -> None:
+    """Publish ``entry`` on sibylla.models with the next sequence number, signed with ``key``
+    (workers check the signature, the sequence and the checksum, and swap it in)."""
     ann = announcement(online.model_name, entry.version, store.path(entry), entry.sha256,
-                       entry.scores)
+                       entry.scores, store.next_sequence(), key)
     own = producer is None
     if producer is None:
         producer = AIOKafkaProducer(bootstrap_servers=settings.bootstrap_servers,
@@ -59,7 +75,8 @@ async def announce(settings: Settings, online: OnlineSettings, store: ModelStore
     try:
         await producer.send_and_wait(settings.topic("models"), key=online.model_name.encode(),
                                      value=ann.to_json())
-        log.info("announced model %s (%s)", entry.version, ann.uri)
+        log.info("announced model %s (%s, sequence %d, %s)", entry.version, ann.uri,
+                 ann.sequence, "signed" if ann.signature else "unsigned")
     finally:
         if own:
             await producer.stop()
@@ -72,6 +89,7 @@ async def run_trainer(settings: Settings, online: OnlineSettings,
     ``real_validation``: the gate's ``real`` part; the held-out real logs when not given (the
     demo passes those it does not replay, so that no log it labels also judges the model).
     """
+    key = signing_key(online)
     await ensure_topics(settings)
     store = ModelStore(online.models_dir)
     base = load_checkpoint(settings.model_path or None)
@@ -91,7 +109,7 @@ async def run_trainer(settings: Settings, online: OnlineSettings,
     try:
         current = store.current
         if current is not None:  # workers converge on it even if the topic was recreated
-            await announce(settings, online, store, current, producer)
+            await announce(settings, online, store, current, key, producer)
         topic = settings.topic("labels")
         # Every partition of the topic (co-partitioned: settings.partitions of them); asking
         # the consumer's metadata right after start can miss a topic it has not fetched yet.
@@ -113,7 +131,8 @@ async def run_trainer(settings: Settings, online: OnlineSettings,
                 continue
             report = await asyncio.to_thread(trainer.step, trigger)
             if report.result.promote:
-                await announce(settings, online, store, store.get(report.version), producer)
+                await announce(settings, online, store, store.get(report.version), key,
+                               producer)
     finally:
         await consumer.stop()
         await producer.stop()

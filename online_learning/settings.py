@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from sibylla.settings import check_fields, setting, values_from_env
+from sibylla.settings import check_fields, env_of, setting, values_from_env
 
 if TYPE_CHECKING:
     from .votes import VoteRule
@@ -65,10 +65,38 @@ class OnlineSettings:
     trainer_metrics_port: int = setting(9466, "Port of the trainer's /metrics (0: none).",
                                          min=0, max=65535)
 
+    # --- security (README "Security") ------------------------------------------------------
+    model_signing_key: str = setting(
+        "", "The trainer's Ed25519 private key file (PEM, mode 0600, from `sibylla models "
+        "keygen`); it signs every announcement. Empty: announcements go out unsigned.")
+    model_public_key: str = setting(
+        "", "The trainer's public key (base64, as `sibylla models keygen` prints it); workers "
+        "load only announcements it signed.")
+    allow_unsigned_models: bool = setting(
+        False, "Without a public key, load unsigned announcements anyway (a test bed only: "
+        "whoever can write sibylla.models then chooses the model). Off: they are refused.")
+    model_roots: str = setting(
+        "", "Directories announced model files must lie in, comma-separated (symlinks and .. "
+        "resolved first). Empty: the models directory.")
+    operator_tokens_file: str = setting(
+        "", "File of `name:token` lines (one per operator) a worker accepts as bearer tokens "
+        "on POST /labels. Empty: operator labels over HTTP are disabled.")
+    operator_token: str = setting(
+        "", "The token `sibylla label` sends (prefer the variable to the flag).", secret=True)
+
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None, **overrides: Any) -> "OnlineSettings":
         """Settings from ``SIBYLLA_*`` variables, then ``overrides`` (typed or str)."""
         return cls(**values_from_env(cls, env, overrides))
+
+    def to_env(self) -> dict[str, str]:
+        """``SIBYLLA_*`` variables that rebuild these settings in a worker's process."""
+        return env_of(self)
+
+    def roots(self) -> list[Path]:
+        """The directories model files may be loaded from, resolved."""
+        named = [Path(p.strip()) for p in self.model_roots.split(",") if p.strip()]
+        return [p.resolve() for p in named or [self.models_dir]]
 
     def vote_rule(self) -> "VoteRule":
         """The majority rule these settings describe (see online_learning/votes.py)."""

@@ -5,7 +5,7 @@ the directory is a volume they share), and ``index.json``: every candidate with 
 whether it was promoted, plus which version is current. The index is rewritten atomically
 (temp file, rename), so a crash never leaves half an index; ``sibylla models list|rollback``
 read and change it, the operator's process beside the trainer's, so every change re-reads the
-index first.
+index first. The index also keeps the sequence number of the last announcement.
 """
 
 from __future__ import annotations
@@ -94,6 +94,16 @@ class ModelStore:
         index["models"].append(asdict(entry))
         self._write(index)
         return entry
+
+    def next_sequence(self) -> int:
+        """The sequence number of the next announcement: above every one handed out before,
+        and at least the time in milliseconds, so that a models directory lost and made anew
+        still announces above what workers last accepted (``trust.py``)."""
+        index = self._read()
+        sequence = max(int(index.get("sequence", 0)) + 1, time.time_ns() // 1_000_000)
+        index["sequence"] = sequence
+        self._write(index)
+        return sequence
 
     def set_current(self, version: str) -> ModelEntry:
         """Make a stored model the current one (promotion, or an operator's rollback)."""

@@ -98,24 +98,30 @@ def committee_votes(predictions: Mapping[str, Prediction], rule: VoteRule) -> li
             for name, p in sorted(predictions.items()) if p.verdict != "unknown"]
 
 
-def operator_vote(label: TrueLabel, rule: VoteRule) -> Vote:
-    return Vote(OPERATOR, label, rule.operator_weight)
+def operator_vote(label: TrueLabel, rule: VoteRule, by: str) -> Vote:
+    """The vote of the operator named ``by``."""
+    return Vote(OPERATOR, label, rule.operator_weight, by)
 
 
-def operator_request(job_id: str, attempt: int, label: str) -> bytes:
-    """The record an operator's label travels in (``sibylla label``, ``POST /labels``)."""
-    return orjson.dumps({"job_id": job_id, "attempt": attempt, "label": label})
+def operator_request(job_id: str, attempt: int, label: str, operator: str) -> bytes:
+    """The record an operator's label travels in from ``POST /labels`` (where the bearer
+    token named ``operator``) to the label-votes topic."""
+    return orjson.dumps({"job_id": job_id, "attempt": attempt, "label": label,
+                         "operator": operator})
 
 
-def parse_operator_request(value: bytes) -> tuple[str, int, TrueLabel]:
-    """(job_id, attempt, label) of an operator's label; :class:`RecordError` says what is
-    wrong with a bad one."""
+def parse_operator_request(value: bytes) -> tuple[str, int, TrueLabel, str]:
+    """(job_id, attempt, label, operator) of an operator's label; :class:`RecordError` says
+    what is wrong with a bad one."""
     raw = load_json_object(value)
     job_id, attempt = job_key(raw)
     label = raw.get("label")
     if label not in ("deterministic", "nondeterministic"):
         raise RecordError("label must be deterministic or nondeterministic")
-    return job_id, attempt, label
+    operator = raw.get("operator", "")
+    if not isinstance(operator, str):
+        raise RecordError("operator must be a string")
+    return job_id, attempt, label, operator
 
 
 def outcome_vote(signature: str, next_completed: bool, next_signature: str | None,
@@ -188,7 +194,7 @@ class AttemptRecord:
             "v": RECORD_VERSION, "job_id": self.job_id, "attempt": self.attempt, "log": self.log,
             "category": self.category, "signature": self.signature, "decided": self.decided,
             "published": self.published, "created_at": self.created_at,
-            "votes": [[v.source, v.label, v.weight] for v in self.votes.values()],
+            "votes": [[v.source, v.label, v.weight, v.by] for v in self.votes.values()],
         }
         return orjson.dumps(raw)
 
@@ -197,6 +203,7 @@ class AttemptRecord:
         raw = orjson.loads(value)
         if raw.get("v") != RECORD_VERSION:
             raise ValueError(f"votes record version {raw.get('v')!r}, expected {RECORD_VERSION}")
-        votes = {s: Vote(s, label, w) for s, label, w in raw["votes"]}
+        # [source, label, weight, by]; records written before ``by`` existed have three
+        votes = {v[0]: Vote(*v) for v in raw["votes"]}
         return cls(raw["job_id"], raw["attempt"], raw["log"], raw["category"], raw["signature"],
                    raw["decided"], votes, raw["published"], raw["created_at"])

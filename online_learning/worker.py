@@ -5,9 +5,10 @@ Registered on a worker's pipeline by :func:`register` (``streams/worker.py`` cal
     decide agent ──(decided hook)──► votes table: window text, signature, committee votes;
                                      a failed retry votes on the previous attempt
     job-events ──► outcomes agent ──► votes table: a COMPLETED retry votes on the previous one
-    label-votes ─► operator_votes agent ─► votes table (``sibylla label``, POST /labels/...)
+    POST /labels/... (bearer token) ─► label-votes ─► operator_votes agent ─► votes table
                          └──────── majority reached ──► sibylla.labels
-    sibylla.models (every partition, no group) ──► watcher: verify checksum, load, swap
+    sibylla.models (every partition, no group) ──► watcher: signature, sequence, model root,
+                                                   checksum; load, swap
 
 The votes table is keyed by attempt and co-partitioned with the job topics, so the decided
 hook (in the decide agent's event), the outcomes agent and the operator agent all write the
@@ -30,6 +31,7 @@ from faust.web import Request, Response, View
 
 from sibylla.inference.api import Classifier, LogWindow, Prediction
 from sibylla.schemas.records import Decision, ModelAnnouncement, RecordError, parse_job_event
+from sibylla.settings import SettingsError
 from sibylla.streams.agents import Pipeline
 from sibylla.streams.app import RAW, raw_table
 from sibylla.streams.keys import attempt_key
@@ -38,7 +40,10 @@ from sibylla.streams.state import live_get, live_items_of
 from .announce import AnnouncementError, verify
 from .committee import build_committee
 from .metrics import VoteMetrics
+from .operators import DISABLED, OperatorAuthError, OperatorTokens
 from .settings import OnlineSettings
+from .signing import SigningKeyError
+from .trust import AnnouncementGuard
 from .votes import (
     OUTCOME,
     AttemptRecord,
@@ -57,6 +62,7 @@ log = logging.getLogger(__name__)
 
 PRIMARY = "primary"  # committee name of the model that made the decision
 SWEEP_EVERY_S = 600.0  # how often a partition's expired votes are looked for
+SEQUENCE_FILE = "model-sequence.json"  # in the worker's data_dir (trust.SequenceFile)
 
 
 class OnlineLearning:
@@ -75,6 +81,19 @@ class OnlineLearning:
                                      partitions=ws.partitions, **RAW)
         self.metrics = VoteMetrics(pipeline.metrics.registry)
         self._last_sweep: dict[int, float] = {}
+        try:
+            self.guard = AnnouncementGuard(settings, ws.data_dir / SEQUENCE_FILE)
+        except SigningKeyError as exc:
+            raise SettingsError(f"model_public_key: {exc}") from None
+        self.roots = settings.roots()
+        try:
+            self.operators = (OperatorTokens.from_file(settings.operator_tokens_file)
+                              if settings.operator_tokens_file else None)
+        except OSError as exc:
+            raise SettingsError(f"operator_tokens_file: {settings.operator_tokens_file}: "
+                                f"{exc.strerror}") from None
+        except ValueError as exc:
+            raise SettingsError(f"operator_tokens_file: {exc}") from None
 
     def register(self) -> None:
         app = self.p.t.app
@@ -159,7 +178,7 @@ class OnlineLearning:
     async def _operator_votes(self, stream: Any) -> None:
         async for event in stream.events():
             try:
-                job_id, attempt, label = parse_operator_request(event.message.value)
+                job_id, attempt, label, by = parse_operator_request(event.message.value)
             except RecordError as exc:
                 log.warning("bad operator label %r: %s", event.message.value[:200], exc)
                 continue
@@ -167,20 +186,39 @@ class OnlineLearning:
             record = self._get(job_id, attempt) or AttemptRecord(job_id, attempt,
                                                                  created_at=time.time())
             self.metrics.votes.labels(kind="operator").inc()
-            await self._put(record.with_vote(operator_vote(label, self.rule)))
+            await self._put(record.with_vote(operator_vote(label, self.rule, by)))
 
     # ---------------------------------------------------------------- HTTP
+    def operator(self, authorization: str | None) -> str:
+        """The operator a request's Authorization header names (operators.py);
+        :class:`OperatorAuthError` (counted, logged without the token) otherwise."""
+        try:
+            if self.operators is None:
+                raise DISABLED
+            return self.operators.operator(authorization)
+        except OperatorAuthError as exc:
+            self.metrics.operator_refused.labels(reason=exc.reason).inc()
+            log.warning("operator label refused (%d %s)", exc.status, exc.reason)
+            raise
+
     def _register_page(self) -> None:
-        topic = self.label_votes
+        topic, loop = self.label_votes, self
 
         class LabelPage(View):
-            """POST /labels/{job_id}/{attempt} {"label": "deterministic"}: an operator's vote
-            (queued on the label-votes topic, so any worker can take it)."""
+            """POST /labels/{job_id}/{attempt} {"label": "deterministic"} with an operator's
+            bearer token: an operator's vote (queued on the label-votes topic, so any worker
+            can take it)."""
 
             async def post(self, request: Request, job_id: str, attempt: str) -> Response:
                 try:
+                    operator = loop.operator(request.headers.get("Authorization"))
+                except OperatorAuthError as exc:
+                    headers = {"WWW-Authenticate": "Bearer"} if exc.status == 401 else None
+                    return self.json({"error": exc.message}, status=exc.status,
+                                     headers=headers)
+                try:
                     body = await request.json()
-                    value = operator_request(job_id, int(attempt), body.get("label"))
+                    value = operator_request(job_id, int(attempt), body.get("label"), operator)
                     parse_operator_request(value)
                 except (ValueError, AttributeError, RecordError) as exc:
                     return self.json({"error": str(exc)}, status=400)
@@ -203,45 +241,79 @@ class OnlineLearning:
             tps = [TopicPartition(topic, p) for p in sorted(partitions)]
             consumer.assign(tps)
             await consumer.seek_to_beginning(*tps)
+            for value in await _latest_per_key(consumer, tps):
+                await self.on_announcement(value)
             async for msg in consumer:
                 await self.on_announcement(msg.value)
         finally:
             await consumer.stop()
 
     async def on_announcement(self, value: bytes) -> bool:
-        """Swap in an announced model once its checksum and version check out."""
+        """Swap in an announced model once its signature, sequence, location, checksum and
+        version check out (trust.py, announce.py); each refusal is logged once and counted
+        by reason."""
         try:
-            ann = ModelAnnouncement.from_json(value)
-        except (ValueError, TypeError) as exc:  # RecordError, a missing field
-            log.warning("unreadable model announcement: %s", exc)
-            self.metrics.rejected.inc()
+            ann = self.guard.admit(value)
+            if ann.name != self.s.model_name:
+                return False
+            self.metrics.set_announced(ann.version)  # only announcements that check out
+            if ann.version == self.p.classifier.version:
+                # The model it runs, announced again (a worker restarted reads the compacted
+                # topic from its start): its gate scores are now known.
+                self.guard.accepted(ann)
+                self.p.activity.set_model(ann.version, ann.metrics)
+                return False
+            classifier = await self._load(ann)
+        except AnnouncementError as exc:
+            log.error("model announcement refused (%s): %s", exc.reason, exc)
+            self.metrics.rejected.labels(reason=exc.reason).inc()
             return False
-        if ann.name != self.s.model_name:
-            return False
-        self.metrics.set_announced(ann.version)
-        if ann.version == self.p.classifier.version:
-            # The model in use was announced (a worker restarted reads the compacted topic
-            # from its start): its gate scores are now known.
-            self.p.activity.set_model(ann.version, ann.metrics)
-            return False
-        ws = self.p.settings
-        try:
-            path = await asyncio.to_thread(verify, ann)
-            from sibylla.inference.engine import load_classifier
-
-            classifier = await asyncio.to_thread(load_classifier, str(path), ws.device,
-                                                 ws.min_confidence)
-            if classifier.version != ann.version:
-                raise AnnouncementError(f"file holds model {classifier.version}, announced "
-                                        f"{ann.version}")
-        except Exception as exc:  # noqa: BLE001 - a bad announcement must not stop the worker
-            log.error("model announcement %s refused: %s", ann.version, exc)
-            self.metrics.rejected.inc()
-            return False
+        self.guard.accepted(ann)
         self.p.swap_classifier(classifier, ann.metrics)
         self.metrics.swaps.inc()
-        log.info("swapped in model %s (announced %s)", ann.version, ann.metrics)
+        log.info("swapped in model %s (sequence %d, announced %s)", ann.version, ann.sequence,
+                 ann.metrics)
         return True
+
+    async def _load(self, ann: ModelAnnouncement) -> Classifier:
+        """The announced model, from a file inside the model roots with the right checksum."""
+        from sibylla.inference.engine import load_classifier
+
+        ws = self.p.settings
+        path = await asyncio.to_thread(verify, ann, self.roots)
+        try:
+            classifier = await asyncio.to_thread(load_classifier, str(path), ws.device,
+                                                 ws.min_confidence)
+        except Exception as exc:  # noqa: BLE001 - a bad file must not stop the worker
+            raise AnnouncementError("unloadable", f"model {ann.version}: {exc}") from None
+        if classifier.version != ann.version:
+            raise AnnouncementError("wrong_version", f"file holds model {classifier.version}, "
+                                    f"announced {ann.version}")
+        return classifier
+
+
+async def _latest_per_key(consumer: AIOKafkaConsumer, tps: list[TopicPartition]
+                          ) -> list[bytes]:
+    """The records on ``tps`` when the worker starts, the last one per key only (what
+    compaction keeps; the broker may not have compacted yet), then any that came meanwhile.
+
+    Older announcements of a key are history, not replays: a restarted worker must neither
+    load each of them in turn nor refuse (and count) them as replays of its newest one.
+    """
+    ends = await consumer.end_offsets(tps)
+    latest: dict[bytes | None, bytes] = {}
+    newer: list[bytes] = []
+    pending = {tp for tp in tps if ends[tp] > await consumer.position(tp)}
+    while pending:
+        for tp, records in (await consumer.getmany(*pending, timeout_ms=1000)).items():
+            for msg in records:
+                if msg.offset < ends[tp]:
+                    latest.pop(msg.key, None)  # keep the order of the last records
+                    latest[msg.key] = msg.value
+                else:
+                    newer.append(msg.value)
+        pending = {tp for tp in pending if await consumer.position(tp) < ends[tp]}
+    return [*latest.values(), *newer]
 
 
 def register(pipeline: Pipeline, committee: Mapping[str, Classifier] | None = None,

@@ -295,11 +295,16 @@ class Decision:
 
 @dataclass(frozen=True, slots=True)
 class Vote:
-    """One opinion on a failed attempt's true class (retry outcome, a model, an operator)."""
+    """One opinion on a failed attempt's true class (retry outcome, a model, an operator).
+
+    ``by``: who cast it, for an operator's vote (the name tied to the bearer token the label
+    came with); empty for the others and in votes written before the field existed.
+    """
 
     source: str
     label: Literal["deterministic", "nondeterministic"]
     weight: float
+    by: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -327,7 +332,13 @@ class Label:
 
 @dataclass(frozen=True, slots=True)
 class ModelAnnouncement:
-    """A promoted model that workers should load (compacted topic, keyed by model name)."""
+    """A promoted model that workers should load (compacted topic, keyed by model name).
+
+    ``sequence`` only grows from one announcement of the trainer to the next (a rollback is a
+    new announcement), so a worker refuses a replayed older one; ``signature`` is the trainer's
+    Ed25519 signature of the rest (online_learning/signing.py). Both are absent (0, "") in
+    announcements written before they existed, which workers then treat as unsigned.
+    """
 
     name: str
     version: str
@@ -335,6 +346,8 @@ class ModelAnnouncement:
     uri: str
     metrics: dict[str, Any] = field(default_factory=dict)
     announced_at: float = field(default_factory=time.time)
+    sequence: int = 0
+    signature: str = ""
     schema_version: int = SCHEMA_VERSION
 
     def to_json(self) -> bytes:

@@ -17,9 +17,12 @@ from pathlib import Path
 from typing import Any, Literal, get_args
 
 __all__ = ["CONNECTION", "Settings", "SettingsError", "add_settings_arguments", "check_bounds",
-           "check_fields", "parse_setting", "setting", "settings_from_args", "values_from_env"]
+           "check_fields", "env_of", "parse_setting", "setting", "settings_from_args",
+           "values_from_env"]
 
 ENV_PREFIX = "SIBYLLA_"
+TRUE_WORDS = frozenset({"1", "true", "yes", "on"})
+FALSE_WORDS = frozenset({"0", "false", "no", "off"})
 
 SecurityProtocol = Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"]
 SaslMechanism = Literal["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"]
@@ -157,8 +160,7 @@ class Settings:
 
     def to_env(self) -> dict[str, str]:
         """``SIBYLLA_*`` variables that rebuild these settings in a child process."""
-        return {ENV_PREFIX + f.name.upper(): str(getattr(self, f.name))
-                for f in dataclasses.fields(self)}
+        return env_of(self)
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None, **overrides: Any) -> "Settings":
@@ -169,6 +171,13 @@ class Settings:
         check_fields(self)
         if self.security_protocol.startswith("SASL") and not self.sasl_username:
             raise SettingsError("sasl_username: required when security_protocol uses SASL")
+
+
+def env_of(settings: Any) -> dict[str, str]:
+    """``SIBYLLA_*`` variables that rebuild a settings dataclass in a child process (secrets
+    included: the child needs them; an environment is not a log)."""
+    return {ENV_PREFIX + f.name.upper(): str(getattr(settings, f.name))
+            for f in dataclasses.fields(settings)}
 
 
 def values_from_env(cls: type, env: Mapping[str, str] | None, overrides: Mapping[str, Any]
@@ -204,6 +213,10 @@ def parse_setting(f: dataclasses.Field[Any], raw: Any, source: str) -> Any:
         return raw
     text = raw.strip()
     try:
+        if t is bool:
+            if text.lower() in TRUE_WORDS | FALSE_WORDS:
+                return text.lower() in TRUE_WORDS
+            raise ValueError("expected true or false")
         if t is int:
             return int(text)
         if t is float:

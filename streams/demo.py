@@ -32,6 +32,7 @@ from sibylla.inference.corpus import REAL_FILES, Record, load_records, packaged_
 from sibylla.inference.train import Example, examples_from_records
 from sibylla.online_learning.service import run_trainer
 from sibylla.online_learning.settings import OnlineSettings
+from sibylla.online_learning.signing import generate_key_pair
 from sibylla.online_learning.store import ModelEntry, ModelStore
 from sibylla.schemas.records import Decision, JobEvent, Label, ModelAnnouncement
 from sibylla.settings import Settings
@@ -278,7 +279,8 @@ async def _demo(settings: Settings, metrics_text: Callable[[], str], online: Onl
                   file=sys.stderr)
             return 1
         print(f"promoted and announced on {settings.topic('models')}: {ann.version} "
-              f"(sha256 {ann.sha256[:12]}…, {ann.uri})", flush=True)
+              f"(sha256 {ann.sha256[:12]}…, {ann.uri}, sequence {ann.sequence}, "
+              f"{'signed' if ann.signature else 'unsigned'})", flush=True)
         if not await _serve_with_new_model(settings, metrics_text, truth, ann.version,
                                            deadline - time.monotonic()):
             print(f"the worker did not swap in {ann.version} within {timeout_s:.0f}s",
@@ -331,10 +333,18 @@ def run_demo(settings: Settings, per_category: int, timeout_s: float) -> int:
                   file=sys.stderr)
         settings = dataclasses.replace(settings, web_port=settings.web_port or free_port(),
                                        data_dir=workdir / "worker")
-        print(f"starting a worker (log: {workdir / 'worker.log'})", file=sys.stderr)
-        worker = stack.enter_context(WorkerProcess(settings, workdir / "worker.log"))
+        # The trainer signs its announcements with a key pair of the demo's own; the worker
+        # loads only what that key signed, from the demo's models directory.
+        key_path = workdir / "signing.key"
+        _, public_key = generate_key_pair(key_path)
+        online = dataclasses.replace(DEMO_ONLINE, models_dir=workdir / "models",
+                                     model_signing_key=str(key_path),
+                                     model_public_key=public_key)
+        print(f"starting a worker (log: {workdir / 'worker.log'}); model announcements signed "
+              f"by {key_path}", file=sys.stderr)
+        worker = stack.enter_context(WorkerProcess(settings, workdir / "worker.log",
+                                                   online.to_env()))
         print(f"worker pid {worker.pid}; metrics on http://{settings.web_host}:"
               f"{settings.web_port}/metrics; replaying {len(jobs)} failed jobs", file=sys.stderr)
-        online = dataclasses.replace(DEMO_ONLINE, models_dir=workdir / "models")
         return asyncio.run(_demo(settings, worker.metrics_text, online, jobs, validation,
                                  timeout_s))

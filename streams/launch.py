@@ -14,6 +14,7 @@ import subprocess
 import sys
 import time
 import urllib.request
+from collections.abc import Mapping
 from pathlib import Path
 
 from sibylla.brokers.process import die_with_parent, free_port, stop_process_group
@@ -23,11 +24,17 @@ __all__ = ["WorkerProcess"]
 
 
 class WorkerProcess:
-    """``sibylla worker`` in a child process; ``kill()`` simulates a crash."""
+    """``sibylla worker`` in a child process; ``kill()`` simulates a crash.
 
-    def __init__(self, settings: Settings, log_path: Path) -> None:
+    ``extra_env``: more ``SIBYLLA_*`` variables, e.g. the online-learning settings
+    (``OnlineSettings.to_env()``: the trainer's public key, the models directory).
+    """
+
+    def __init__(self, settings: Settings, log_path: Path,
+                 extra_env: Mapping[str, str] | None = None) -> None:
         self.settings = settings
         self.log_path = log_path
+        self.extra_env = dict(extra_env or {})
         self.proc: subprocess.Popen[bytes] | None = None
 
     def start(self, ready_timeout_s: float = 120.0) -> WorkerProcess:
@@ -48,7 +55,8 @@ class WorkerProcess:
             self.proc = subprocess.Popen(
                 [sys.executable, "-m", "sibylla", "worker"], stdout=out,
                 stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
-                preexec_fn=die_with_parent, env={**os.environ, **self.settings.to_env()})
+                preexec_fn=die_with_parent,
+                env={**os.environ, **self.extra_env, **self.settings.to_env()})
         mine = f'sibylla_worker_info{{pid="{self.proc.pid}"}}'
         deadline = time.monotonic() + ready_timeout_s
         while time.monotonic() < deadline:

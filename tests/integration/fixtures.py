@@ -6,7 +6,7 @@ import asyncio
 import base64
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -59,9 +59,11 @@ def make_settings(bootstrap: str, prefix: str, workdir: Path, **overrides: Any) 
     return Settings.from_env({}, **{k: str(v) for k, v in values.items()})
 
 
-def start_worker(settings: Settings, workdir: Path, name: str = "worker") -> WorkerProcess:
+def start_worker(settings: Settings, workdir: Path, name: str = "worker",
+                 extra_env: Mapping[str, str] | None = None) -> WorkerProcess:
+    """A started worker; ``extra_env``: more ``SIBYLLA_*`` variables (online learning's)."""
     asyncio.run(ensure_topics(settings))
-    return WorkerProcess(settings, workdir / f"{name}.log").start()
+    return WorkerProcess(settings, workdir / f"{name}.log", extra_env).start()
 
 
 async def ship_job(shipper: Shipper, job_id: str, log: str | None, state: str,

@@ -6,14 +6,19 @@ a retry outcome.
 Needs ``sibylla.online_learning.worker.register`` wired into the worker (streams/worker.py).
 The trainer process's loop runs in the test's event loop with a gate that lets anything
 through: what is tested here is the plumbing (labels, fine-tune, announcement, checksum, hot
-swap); the gate has its own tests.
+swap); the gate has its own tests. The trainer signs with a key pair of the test's own and the
+worker checks it; operator labels need a bearer token.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
+import subprocess
+import sys
 import time
+import urllib.error
 import urllib.request
 from pathlib import Path
 
@@ -22,6 +27,7 @@ import pytest
 
 from sibylla.online_learning.service import run_trainer
 from sibylla.online_learning.settings import OnlineSettings
+from sibylla.online_learning.signing import generate_key_pair
 from sibylla.online_learning.store import ModelStore
 from sibylla.schemas.records import Decision, JobEvent, Label
 from sibylla.settings import Settings
@@ -53,10 +59,16 @@ async def _labels(settings: Settings) -> list[Label]:
 def test_outcomes_become_labels_and_a_promoted_model_makes_the_next_decision(
         broker, unique_prefix: str, tmp_path: Path) -> None:
     settings = make_settings(broker.bootstrap_servers, unique_prefix, tmp_path)
+    _, public_key = generate_key_pair(tmp_path / "trainer.key")
+    tokens = tmp_path / "operators"
+    tokens.write_text("alice:alice-token-0123456789\n")
+    tokens.chmod(0o600)
     online = OnlineSettings(models_dir=tmp_path / "models", finetune_every=2,
                             holdout_every=1_000_000, finetune_epochs=1, gate_tolerance=1.0,
-                            gate_precision_tolerance=1.0, trainer_metrics_port=0)
-    with start_worker(settings, tmp_path) as worker:
+                            gate_precision_tolerance=1.0, trainer_metrics_port=0,
+                            model_signing_key=str(tmp_path / "trainer.key"),
+                            model_public_key=public_key, operator_tokens_file=str(tokens))
+    with start_worker(settings, tmp_path, extra_env=online.to_env()) as worker:
 
         async def failures_and_retries() -> list[Label]:
             async with Shipper(settings) as shipper:
@@ -113,13 +125,29 @@ def test_outcomes_become_labels_and_a_promoted_model_makes_the_next_decision(
         after = [d for d in asyncio.run(next_decision()) if d.job_id == "job-after"]
         assert [d.model_version for d in after] == [version], worker.tail()
 
-        # An operator overrules the retry outcome through the worker's HTTP API.
-        request = urllib.request.Request(
-            f"http://127.0.0.1:{settings.web_port}/labels/job-nccl/0",
-            data=b'{"label": "deterministic"}', method="POST",
-            headers={"Content-Type": "application/json"})
-        with urllib.request.urlopen(request, timeout=10) as resp:
-            assert resp.status == 202
+        # Without the operator's token, no label: 401 without one, 403 with a wrong one.
+        url = f"http://127.0.0.1:{worker.settings.web_port}/labels/job-nccl/0"
+        for auth, status in ((None, 401), ("Bearer not-alice-token-0123", 403)):
+            headers = {"Content-Type": "application/json", **(
+                {"Authorization": auth} if auth else {})}
+            request = urllib.request.Request(url, data=b'{"label": "deterministic"}',
+                                             method="POST", headers=headers)
+            with pytest.raises(urllib.error.HTTPError) as refused:
+                urllib.request.urlopen(request, timeout=10)
+            assert refused.value.code == status
+            assert "token" in orjson.loads(refused.value.read())["error"]
+        metrics = worker.metrics_text()
+        assert 'sibylla_operator_requests_refused_total{reason="missing_token"} 1.0' in metrics
+        assert 'sibylla_operator_requests_refused_total{reason="wrong_token"} 1.0' in metrics
+
+        # An operator overrules the retry outcome with `sibylla label` and her token.
+        env = {**os.environ, "SIBYLLA_OPERATOR_TOKEN": "alice-token-0123456789"}
+        done = subprocess.run(
+            [sys.executable, "-m", "sibylla", "label", "job-nccl", "0", "deterministic",
+             "--url", f"http://127.0.0.1:{worker.settings.web_port}"],
+            capture_output=True, text=True, timeout=60, env=env)
+        assert done.returncode == 0, done.stderr
+        assert "as alice" in done.stdout
 
         async def relabeled() -> list[Label]:
             deadline = time.monotonic() + 60
@@ -132,3 +160,37 @@ def test_outcomes_become_labels_and_a_promoted_model_makes_the_next_decision(
 
         [label] = asyncio.run(relabeled())
         assert {v.source for v in label.votes} >= {"operator", "outcome"}
+        assert [v.by for v in label.votes if v.source == "operator"] == ["alice"]
+
+
+def test_a_starting_worker_acts_on_the_last_announcement_per_model_only(
+        broker, unique_prefix: str, tmp_path: Path) -> None:
+    """Older announcements still on the (not yet compacted) models topic are history: a
+    restarted worker must not load each in turn, nor count them as replays of its newest."""
+    from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+
+    from sibylla.online_learning.worker import _latest_per_key
+    from sibylla.streams.topics import ensure_topics
+
+    settings = make_settings(broker.bootstrap_servers, unique_prefix, tmp_path)
+
+    async def backlog() -> list[bytes]:
+        await ensure_topics(settings)
+        topic = settings.topic("models")
+        producer = AIOKafkaProducer(bootstrap_servers=settings.bootstrap_servers)
+        await producer.start()
+        for key, value in ((b"a", b"a1"), (b"a", b"a2"), (b"b", b"b1"), (b"a", b"a3")):
+            await producer.send_and_wait(topic, value, key=key)
+        await producer.stop()
+        consumer = AIOKafkaConsumer(bootstrap_servers=settings.bootstrap_servers,
+                                    group_id=None, enable_auto_commit=False)
+        await consumer.start()
+        try:
+            tps = [TopicPartition(topic, 0)]
+            consumer.assign(tps)
+            await consumer.seek_to_beginning(*tps)
+            return await _latest_per_key(consumer, tps)
+        finally:
+            await consumer.stop()
+
+    assert asyncio.run(backlog()) == [b"b1", b"a3"]

@@ -56,7 +56,7 @@ def test_unknown_verdicts_abstain() -> None:
 def test_operator_outweighs_everything_else() -> None:
     votes = [*committee_votes({m: confident("nondeterministic") for m in "abc"}, RULE),
              Vote("outcome", "nondeterministic", RULE.outcome_weight),
-             operator_vote("deterministic", RULE)]
+             operator_vote("deterministic", RULE, "alice")]
     assert tally(votes, RULE) == "deterministic"
 
 
@@ -119,11 +119,11 @@ def test_record_publishes_once_per_label_change_and_survives_serialisation() -> 
     record = AttemptRecord.from_bytes(AttemptRecord(**{**record.__dict__,
                                                        "published": "deterministic"}).to_bytes())
     assert record.label_due(RULE) is None  # already published
-    relabeled = record.with_vote(operator_vote("nondeterministic", RULE)).label_due(RULE)
+    relabeled = record.with_vote(operator_vote("nondeterministic", RULE, "alice")).label_due(RULE)
     assert relabeled is not None and relabeled.label == "nondeterministic"
     assert {v.source for v in relabeled.votes} == {"outcome", "operator"}
 
 
 def test_no_label_before_the_window_is_known() -> None:
-    record = AttemptRecord("j", 0).with_vote(operator_vote("deterministic", RULE))
+    record = AttemptRecord("j", 0).with_vote(operator_vote("deterministic", RULE, "alice"))
     assert record.label_due(RULE) is None

@@ -1,5 +1,6 @@
 """The votes agent without a broker: decisions and retry outcomes in, labels out; operator
-labels win; announced models are swapped in only when their checksum matches."""
+labels win; announced models are swapped in only when their checksum matches (their
+signatures: test_security.py)."""
 
 from __future__ import annotations
 
@@ -49,10 +50,11 @@ class FakeApp:
         return FakeTopic()
 
 
-def fake_pipeline() -> Any:
+def fake_pipeline(data_dir: Path = Path("sibylla-data")) -> Any:
     labels = FakeTopic()
     p = SimpleNamespace(
-        settings=Settings.from_env({}), t=SimpleNamespace(app=FakeApp(), labels=labels),
+        settings=Settings.from_env({}, data_dir=data_dir),
+        t=SimpleNamespace(app=FakeApp(), labels=labels),
         metrics=SimpleNamespace(registry=CollectorRegistry()), decided_hooks=[],
         classifier=SimpleNamespace(version="v0"), swapped=[])
     p.in_event = lambda event: None
@@ -60,9 +62,11 @@ def fake_pipeline() -> Any:
     return p
 
 
-def loop() -> tuple[OnlineLearning, FakeTopic]:
-    p = fake_pipeline()
-    return OnlineLearning(p, OnlineSettings(), {}), p.t.labels
+def loop(online: OnlineSettings | None = None, data_dir: Path = Path("sibylla-data")
+         ) -> tuple[OnlineLearning, FakeTopic]:
+    """The loop on a fake pipeline; ``data_dir`` is only written when a model is accepted."""
+    p = fake_pipeline(data_dir)
+    return OnlineLearning(p, online or OnlineSettings(), {}), p.t.labels
 
 
 def decision(attempt: int, verdict: str = "unknown", confidence: float = 0.55) -> Decision:
@@ -114,9 +118,11 @@ async def test_an_operator_label_overrides_and_republishes() -> None:
     ol, topic = loop()
     await ol.on_decided(LogWindow("job", 0, ERROR, ERROR), decision(0))
     await ol.on_decided(LogWindow("job", 1, ERROR, ERROR), decision(1))
-    vote = orjson.dumps({"job_id": "job", "attempt": 0, "label": "nondeterministic"})
+    vote = orjson.dumps({"job_id": "job", "attempt": 0, "label": "nondeterministic",
+                         "operator": "alice"})
     await ol._operator_votes(Stream(vote, b'{"job_id": "job", "attempt": 0, "label": "maybe"}'))
     assert [lab.label for lab in labels(topic)] == ["deterministic", "nondeterministic"]
+    assert [v.by for v in labels(topic)[-1].votes if v.source == "operator"] == ["alice"]
 
 
 async def test_an_operator_label_before_the_decision_waits_for_the_window() -> None:
@@ -130,10 +136,11 @@ async def test_an_operator_label_before_the_decision_waits_for_the_window() -> N
 
 
 async def test_announced_model_is_swapped_only_with_the_right_checksum(tmp_path: Path) -> None:
-    ol, _ = loop()
+    online = OnlineSettings(models_dir=tmp_path / "models", allow_unsigned_models=True)
+    ol, _ = loop(online, tmp_path / "worker")
     cp = tiny_checkpoint(examples(16), version="v1")
-    path = save_checkpoint(cp.model, cp.vocab, cp.meta, tmp_path / "v1.safetensors")
-    ann = announcement("sibylla-classifier", "v1", path, sha256_file(path), {})
+    path = save_checkpoint(cp.model, cp.vocab, cp.meta, online.models_dir / "v1.safetensors")
+    ann = announcement("sibylla-classifier", "v1", path, sha256_file(path), {}, 1, None)
     tampered = orjson.loads(ann.to_json()) | {"sha256": "0" * 64}
     assert not await ol.on_announcement(orjson.dumps(tampered))
     # Announced but refused: what the SibyllaModelAnnouncedNotLoaded alert compares.
@@ -162,4 +169,5 @@ def test_a_model_file_damaged_after_promotion_is_refused_by_the_workers(tmp_path
     path = store.path(entry)
     path.write_bytes(path.read_bytes()[:-8] + b"damaged!")
     with pytest.raises(AnnouncementError, match="does not match"):
-        verify(announcement("sibylla-classifier", "v1", path, entry.sha256, {}))
+        verify(announcement("sibylla-classifier", "v1", path, entry.sha256, {}, 1, None),
+               [tmp_path.resolve()])

@@ -7,6 +7,7 @@ import hashlib
 import json
 import re
 from importlib import resources
+from pathlib import Path
 
 import jsonschema
 import orjson
@@ -291,3 +292,30 @@ def test_a_dead_letter_keeps_any_record_within_a_size_the_broker_accepts(value) 
         assert letter["value_truncated"] and letter["value_size"] == len(value)
         assert letter["value_sha256"] == hashlib.sha256(value).hexdigest()
         assert value.startswith(base64.b64decode(letter["value_b64"]))
+
+
+def test_signed_announcements_and_operator_votes_fit_their_schemas_and_old_records_parse(
+        tmp_path: Path) -> None:
+    """A signed announcement (sequence, signature) and an operator's vote with its name
+    validate; records written before those fields existed still validate and parse."""
+    from sibylla.online_learning.announce import announcement
+    from sibylla.online_learning.signing import generate_key_pair, load_private_key
+
+    generate_key_pair(tmp_path / "k")
+    model = tmp_path / "m.safetensors"
+    model.write_bytes(b"weights")
+    signed = orjson.loads(announcement("m", "v2", model, "ab" * 32, {"real": 0.9}, 7,
+                                       load_private_key(tmp_path / "k")).to_json())
+    schema = _schema("model_announcement.schema.json")
+    jsonschema.validate(signed, schema)
+    old = {k: v for k, v in signed.items() if k not in ("sequence", "signature")}
+    jsonschema.validate(old, schema)
+    parsed = ModelAnnouncement.from_json(orjson.dumps(old))
+    assert (parsed.sequence, parsed.signature) == (0, "")
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate({**signed, "signature": "not base64!"}, schema)
+    label = orjson.loads(Label("j", 0, "deterministic",
+                               [Vote("operator", "deterministic", 10.0, "alice")], "log"
+                               ).to_json())
+    jsonschema.validate(label, _schema("label.schema.json"))
+    assert Label.from_json(orjson.dumps(label)).votes[0].by == "alice"
