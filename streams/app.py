@@ -37,6 +37,7 @@ class Topology:
     pending: Any  # attempt key -> pending termination (JSON)
     decided: Any  # attempt key -> Decision JSON
     latest: Any  # job_id -> latest decided attempt (ASCII int)
+    history: Any  # job_id -> the job's failed attempts, for the policy with memory (JSON)
 
 
 def _credentials(settings: Settings) -> Any:
@@ -107,5 +108,5 @@ def build_app(settings: Settings) -> Topology:
         decide_requests=decide_requests, decisions=decisions, deadletter=deadletter,
         labels=labels, windows=table("windows"), window_chunks=table("window-chunks"),
         pending=table("pending"),
-        decided=table("decided"), latest=table("latest"),
+        decided=table("decided"), latest=table("latest"), history=table("history"),
     )

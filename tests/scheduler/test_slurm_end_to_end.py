@@ -1,0 +1,184 @@
+"""The loop closed on a real Slurm cluster: slurmctld's epilog publishes each attempt, a real
+worker decides with the shipped model, and the actuator requeues, excludes nodes or leaves the
+job failed. Skipped only where Slurm's binaries are missing (``.ci/run`` installs them)."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import orjson
+import pytest
+
+from sibylla.schemas.records import Decision
+from sibylla.settings import Settings
+from tests.integration.fixtures import (
+    NONDETERMINISTIC_LOG,
+    make_settings,
+    only_brokers,
+    read_all,
+    start_worker,
+)
+from tests.scheduler.slurm_cluster import SlurmCluster, missing_binaries
+
+pytestmark = [
+    pytest.mark.integration, pytest.mark.slow,
+    pytest.mark.skipif(bool(missing_binaries()),
+                       reason="Slurm is not installed (apt-get install slurm-wlm munge; "
+                              f"missing: {', '.join(missing_binaries())})"),
+]
+
+IMPORT_ERROR_LOG = """\
+2026-11-30 10:00:01,123 INFO Starting training: model=resnet50 world_size=1 batch_size=256
+Traceback (most recent call last):
+  File "/home/alice/project/train.py", line 12, in <module>
+    from apex import amp
+ModuleNotFoundError: No module named 'apex'"""
+
+PROGRESS_LOG = """\
+2026-11-30 10:00:01,123 INFO Starting training: model=gpt-small world_size=1 batch_size=32
+Epoch 1: 10%|█         | 100/1000 [01:01<09:18, 1.6s/it, loss=3.02]"""
+
+
+def _print(text: str) -> str:
+    return "cat <<'EOF'\n" + text + "\nEOF\n"
+
+
+def _fails_once(marker: Path, first: str, then: str) -> str:
+    """A job script that runs the shell lines ``first`` and fails on its first run, and on
+    later runs ``then`` and succeeds (the marker file remembers the first run)."""
+    return f"if [ ! -e {marker} ]; then\n  touch {marker}\n{first}  exit 1\nfi\n{then}"
+
+
+def _finished(job: dict[str, str]) -> bool:
+    return job["JobState"] in ("COMPLETED", "FAILED")
+
+
+class ActuatorProcess:
+    """``sibylla slurm actuator`` as a child process with its audit file."""
+
+    def __init__(self, settings: Settings, cluster: SlurmCluster, audit: Path) -> None:
+        self.audit = audit
+        env = {**os.environ, **settings.to_env(), "SLURM_CONF": str(cluster.conf),
+               "SIBYLLA_SLURM_AUDIT_FILE": str(audit)}
+        self.log = open(audit.with_suffix(".log"), "ab")  # noqa: SIM115
+        self.proc = subprocess.Popen([sys.executable, "-m", "sibylla", "slurm", "actuator"],
+                                     stdout=self.log, stderr=subprocess.STDOUT, env=env,
+                                     stdin=subprocess.DEVNULL)
+
+    def lines(self) -> list[dict[str, object]]:
+        if not self.audit.exists():
+            return []
+        return [orjson.loads(line) for line in self.audit.read_bytes().splitlines()]
+
+    def wait_lines(self, count: int, timeout_s: float = 60.0) -> list[dict[str, object]]:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline and len(self.lines()) < count:
+            time.sleep(0.3)
+        return self.lines()
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        try:
+            self.proc.wait(15)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+        self.log.close()
+
+
+@pytest.fixture(scope="session")
+def cluster() -> Iterator[SlurmCluster]:
+    slurm = SlurmCluster().start()
+    try:
+        yield slurm
+    finally:
+        slurm.stop()
+
+
+def _decisions(settings: Settings) -> dict[tuple[str, int], Decision]:
+    records = asyncio.run(read_all(settings, "decisions", idle_s=2.0))
+    return {(r["job_id"], r["attempt"]): Decision.from_json(orjson.dumps(r)) for r in records}
+
+
+@only_brokers("kafka")
+def test_slurm_jobs_are_stopped_requeued_or_sent_elsewhere_by_their_decisions(
+        broker: object, cluster: SlurmCluster, unique_prefix: str, workdir: Path) -> None:
+    settings = make_settings(broker.bootstrap_servers, unique_prefix,  # type: ignore[attr-defined]
+                             workdir, slurm_epilog_state_dir=cluster.root / "epilog-state")
+    cluster.configure_epilog(settings.to_env())
+    worker = start_worker(settings, workdir)
+    actuator = ActuatorProcess(settings, cluster, workdir / "audit.jsonl")
+    try:
+        marks = cluster.root / "marks"
+        marks.mkdir(exist_ok=True)
+        imp = cluster.sbatch(_print(IMPORT_ERROR_LOG) + "exit 1\n", "imp")
+        nccl = cluster.sbatch(_fails_once(marks / "nccl", _print(NONDETERMINISTIC_LOG),
+                                          "echo 'training finished, final loss=1.91'\n"),
+                              "nccl")
+        same = cluster.sbatch(_print(NONDETERMINISTIC_LOG) + "exit 1\n", "same")
+
+        # An import error is deterministic: the job stays failed after its first attempt.
+        job = cluster.wait_job(imp, lambda j: j["JobState"] == "FAILED")
+        # A transient NCCL failure is requeued and completes on its second attempt.
+        job = cluster.wait_job(nccl, lambda j: j["JobState"] == "COMPLETED")
+        assert job["Restarts"] == "1"
+        # The same root recurring without progress stops the job after one retry.
+        job = cluster.wait_job(same, lambda j: _finished(j) and j["Restarts"] == "1")
+        assert job["JobState"] == "FAILED"
+
+        # A node failure: the job is requeued with the failed node excluded and completes on
+        # the other node.
+        node = cluster.sbatch(_fails_once(marks / "node", _print(PROGRESS_LOG) + "sleep 300\n",
+                                          "echo 'resumed from checkpoint, done'\n"), "node")
+        job = cluster.wait_job(node, lambda j: j["JobState"] == "RUNNING")
+        failed_node = job["NodeList"]
+        cluster.scontrol.run(["update", f"nodename={failed_node}", "state=down",
+                              "reason=sibylla-test"])
+        job = cluster.wait_job(node, lambda j: j["JobState"] == "COMPLETED")
+        assert job["Restarts"] == "1"
+        assert job["ExcNodeList"] == failed_node
+        assert job["NodeList"] != failed_node
+
+        decided = _decisions(settings)
+        assert decided[(imp, 0)].action == "do_not_retry"
+        assert decided[(imp, 0)].category == "import_error"
+        assert decided[(nccl, 0)].action in ("retry", "retry_elsewhere")
+        assert decided[(same, 0)].action in ("retry", "retry_elsewhere")
+        second = decided[(same, 1)]
+        assert (second.action, second.rule, second.recurrence) == (
+            "do_not_retry", "same_root_recurred", 2)
+        assert second.fingerprint == decided[(same, 0)].fingerprint
+        node_decision = decided[(node, 0)]
+        assert (node_decision.state, node_decision.action, node_decision.rule) == (
+            "NODE_FAIL", "retry_elsewhere", "not_job_fault")
+        assert node_decision.exclude_nodes == [failed_node]
+        assert (nccl, 1) not in decided  # a completed attempt needs no decision
+
+        applied = {(a["job_id"], a["attempt"]): a for a in actuator.wait_lines(len(decided))}
+        assert applied[(imp, 0)]["outcome"] == "skipped"
+        assert applied[(nccl, 0)]["outcome"] == "applied"
+        assert applied[(same, 1)]["outcome"] == "skipped"
+        assert applied[(node, 0)]["commands"][0][1] == "update"  # slurmctld requeued it
+    finally:
+        actuator.stop()
+        worker.stop()
+        cluster.resume_nodes()
+
+    # A restarted actuator with a fresh group replays every decision and changes nothing.
+    replay_settings = make_settings(broker.bootstrap_servers,  # type: ignore[attr-defined]
+                                    unique_prefix, workdir,
+                                    slurm_actuator_group=unique_prefix + "replay")
+    replay = ActuatorProcess(replay_settings, cluster, workdir / "replay.jsonl")
+    try:
+        lines = replay.wait_lines(len(decided))
+    finally:
+        replay.stop()
+    assert len(lines) == len(decided)
+    assert {line["outcome"] for line in lines} == {"skipped"}
+    assert cluster.job(nccl)["Restarts"] == "1"
