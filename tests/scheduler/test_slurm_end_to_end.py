@@ -5,6 +5,8 @@ job failed. Skipped only where Slurm's binaries are missing (``.ci/run`` install
 from __future__ import annotations
 
 import asyncio
+import dataclasses
+import io
 import os
 import subprocess
 import sys
@@ -15,6 +17,7 @@ from pathlib import Path
 import orjson
 import pytest
 
+from sibylla.scheduler.actuator import Actuator
 from sibylla.schemas.records import Decision
 from sibylla.settings import Settings
 from tests.integration.fixtures import (
@@ -182,3 +185,28 @@ def test_slurm_jobs_are_stopped_requeued_or_sent_elsewhere_by_their_decisions(
     assert len(lines) == len(decided)
     assert {line["outcome"] for line in lines} == {"skipped"}
     assert cluster.job(nccl)["Restarts"] == "1"
+
+
+def test_the_actuator_in_dry_run_changes_nothing_and_a_replay_acts_once(
+        cluster: SlurmCluster, tmp_path: Path) -> None:
+    cluster.configure_epilog({})  # no broker: the epilog fails fast, the job is untouched
+    job_id = cluster.sbatch(_print(NONDETERMINISTIC_LOG) + "exit 1\n", "dry")
+    cluster.wait_job(job_id, lambda j: j["JobState"] == "FAILED")
+    decision = Decision(job_id, 0, "nondeterministic", 0.99, "collective_timeout", "retry", [],
+                        [], "m", time.time(), 1.0, state="FAILED")
+    audit = io.BytesIO()
+    base = Settings.from_env({}, slurm_mode="dry-run")
+    scontrol = cluster.scontrol
+
+    record = Actuator(base, scontrol, audit).apply(decision)
+    assert record["outcome"] == "dry-run"
+    assert record["commands"][0] == ["scontrol", "requeue", job_id]
+    assert cluster.job(job_id)["Restarts"] == "0"
+
+    applying = Actuator(dataclasses.replace(base, slurm_mode="apply"), scontrol, audit)
+    assert applying.apply(decision)["outcome"] == "applied"
+    assert applying.apply(decision)["outcome"] == "skipped"  # replayed: nothing twice
+    assert cluster.job(job_id)["Restarts"] == "1"
+    assert [orjson.loads(line)["outcome"] for line in audit.getvalue().splitlines()] == [
+        "dry-run", "applied", "skipped"]
+    cluster.wait_job(job_id, lambda j: j["JobState"] == "FAILED" and j["Restarts"] == "1")
