@@ -22,7 +22,7 @@ from sibylla.settings import Settings
 from sibylla.streams.attempts import AttemptFacts, facts_of
 from sibylla.streams.keys import partition_of
 from sibylla.streams.metrics import WorkerMetrics
-from sibylla.streams.policy import Rules, apply_memory, make_decision
+from sibylla.streams.policy import BLAMING_RULES, Rules, apply_memory, make_decision
 from sibylla.streams.state import live_get
 
 __all__ = ["AttemptMemory", "rules_of"]
@@ -68,7 +68,7 @@ class AttemptMemory:
         kept = sorted(kept, key=lambda h: h.attempt)[-s.policy_history_max:]
         self.table[job.job_id] = orjson.dumps(
             {"updated_at": time.time(), "attempts": [h.to_dict() for h in kept]})
-        for node in decision.avoid_nodes if remembered.blamed else ():
+        for node in decision.avoid_nodes if decision.rule in BLAMING_RULES else ():
             self.metrics.node_blames.labels(node=node).inc()
         return decision
 

@@ -15,7 +15,8 @@ from sibylla.inference.api import LogWindow, Prediction
 from sibylla.schemas.records import Action, Decision, JobEvent
 from sibylla.streams.attempts import AttemptFacts
 
-__all__ = ["NO_LOG_CATEGORY", "NOT_JOB_FAULT_STATES", "RETRY_ELSEWHERE_CATEGORIES", "Rules",
+__all__ = ["BLAMING_RULES", "NO_LOG_CATEGORY", "NOT_JOB_FAULT_STATES",
+           "RETRY_ELSEWHERE_CATEGORIES", "Rules",
            "action_for", "apply_memory", "explore_draw", "explores", "make_decision"]
 
 NO_LOG_CATEGORY = "no_log"
@@ -29,6 +30,9 @@ _NODE_STATES = frozenset({"NODE_FAIL"})
 # fault, a retry elsewhere is due and it does not use up the job's retry budget.
 NOT_JOB_FAULT_STATES = _NODE_STATES
 _RETRIES = frozenset({"retry", "retry_elsewhere", "default_policy"})
+# Rules whose decisions' avoid_nodes are nodes the evidence blames (not merely where a
+# transient failure happened): what `sibylla nodes` and the node-blame metric count.
+BLAMING_RULES = frozenset({"hardware_blamed", "not_job_fault"})
 _MAX_EVIDENCE = 5
 
 
@@ -156,7 +160,7 @@ def apply_memory(decision: Decision, facts: AttemptFacts, history: Sequence[Atte
        gets one retry (the site's default policy) and stops when its root comes back.
     4. ``retry_budget_spent``: the job already used ``max_retries`` retries: do_not_retry.
     5. ``hardware_blamed``: a transient failure whose log blames nodes (Xid, ECC): retry
-       elsewhere. Otherwise the memoryless action stands (``transient``,
+       elsewhere, off those nodes. Otherwise the memoryless action stands (``transient``,
        ``transient_elsewhere``, ``unsure``, ``no_log``).
 
     ``exclude_nodes``: every node blamed by this or an earlier attempt (the newest
@@ -179,7 +183,7 @@ def apply_memory(decision: Decision, facts: AttemptFacts, history: Sequence[Atte
         action, rule = "do_not_retry", "same_root_recurred"
     elif spent >= rules.max_retries:
         action, rule = "do_not_retry", "retry_budget_spent"
-    elif action == "retry" and facts.blamed:
+    elif action in ("retry", "retry_elsewhere") and facts.blamed:
         action, rule = "retry_elsewhere", "hardware_blamed"
     avoid = (list(facts.blamed) or list(facts.nodes)) if action == "retry_elsewhere" else []
     blamed_before = [n for h in earlier for n in h.blamed]

@@ -168,6 +168,15 @@ def test_slurm_jobs_are_stopped_requeued_or_sent_elsewhere_by_their_decisions(
         assert applied[(nccl, 0)]["outcome"] == "applied"
         assert applied[(same, 1)]["outcome"] == "skipped"
         assert applied[(node, 0)]["commands"][0][1] == "update"  # slurmctld requeued it
+
+        # The failed node is blamed: in the worker's metric and in `sibylla nodes`.
+        assert (f'sibylla_node_blames_total{{node="{failed_node}"}} 1.0'
+                in worker.metrics_text())
+        listed = subprocess.run([sys.executable, "-m", "sibylla", "nodes", "--all", "--json"],
+                                env={**os.environ, **settings.to_env()}, capture_output=True,
+                                check=True).stdout
+        rows = [orjson.loads(line) for line in listed.splitlines()]
+        assert [(r["node"], r["jobs"], r["suspect"]) for r in rows] == [(failed_node, 1, False)]
     finally:
         actuator.stop()
         worker.stop()
