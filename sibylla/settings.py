@@ -112,8 +112,13 @@ class Settings:
         "past it every failure is do_not_retry (rule retry_budget_spent).", min=0
     )
     policy_max_recurrence: int = setting(
-        2, "Stop (do_not_retry, rule same_root_recurred) when the same root cause ended this "
-        "many attempts and the last got no further (epoch, step, checkpoints).", min=1
+        2, "Unsure verdicts: stop (do_not_retry, rule same_root_recurred) when the same root "
+        "cause ended this many attempts and the last got no further (epoch, step, "
+        "checkpoints).", min=1
+    )
+    policy_max_recurrence_transient: int = setting(
+        3, "Nondeterministic verdicts: the same, for a transient-looking root that keeps "
+        "ending the job without progress.", min=1
     )
     policy_max_excluded_nodes: int = setting(
         4, "Most nodes a decision asks to exclude (the most recently blamed kept).", min=0

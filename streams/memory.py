@@ -32,6 +32,7 @@ def rules_of(settings: Settings) -> Rules:
     """The policy's rules from the ``policy_*`` settings."""
     return Rules(max_retries=settings.policy_max_retries,
                  max_recurrence=settings.policy_max_recurrence,
+                 max_recurrence_transient=settings.policy_max_recurrence_transient,
                  max_excluded_nodes=settings.policy_max_excluded_nodes)
 
 

@@ -123,7 +123,8 @@ class Rules:
     """The settings of the policy with memory (``policy_*`` in ``sibylla/settings.py``)."""
 
     max_retries: int = 3
-    max_recurrence: int = 2
+    max_recurrence: int = 2  # unsure verdicts (default_policy)
+    max_recurrence_transient: int = 3  # nondeterministic verdicts (retry, retry_elsewhere)
     max_excluded_nodes: int = 4
 
 
@@ -155,9 +156,11 @@ def apply_memory(decision: Decision, facts: AttemptFacts, history: Sequence[Atte
        excluded; the job's budget is not charged.
     2. ``deterministic`` (or ``explore``): the model's verdict stands (do_not_retry, or
        default_policy when explored).
-    3. ``same_root_recurred``: this root (fingerprint) ended ``max_recurrence`` attempts and
-       this one got no further than the earlier ones: do_not_retry. An unsure verdict therefore
-       gets one retry (the site's default policy) and stops when its root comes back.
+    3. ``same_root_recurred``: this root (fingerprint) ended ``max_recurrence`` attempts (for
+       an unsure verdict; ``max_recurrence_transient`` for a nondeterministic one) and this one
+       got no further than the earlier ones: do_not_retry. An unsure verdict therefore gets one
+       retry (the site's default policy) and stops when its root comes back; a transient error
+       that keeps killing the job at the same point is likely not transient.
     4. ``retry_budget_spent``: the job already used ``max_retries`` retries: do_not_retry.
     5. ``hardware_blamed``: a transient failure whose log blames nodes (Xid, ECC): retry
        elsewhere, off those nodes. Otherwise the memoryless action stands (``transient``,
@@ -179,7 +182,8 @@ def apply_memory(decision: Decision, facts: AttemptFacts, history: Sequence[Atte
         action, rule, charged = "retry_elsewhere", "not_job_fault", False
     elif decision.action == "do_not_retry" or decision.explored:
         pass
-    elif recurrence >= rules.max_recurrence and not progressed:
+    elif recurrence >= (rules.max_recurrence if action == "default_policy"
+                        else rules.max_recurrence_transient) and not progressed:
         action, rule = "do_not_retry", "same_root_recurred"
     elif spent >= rules.max_retries:
         action, rule = "do_not_retry", "retry_budget_spent"

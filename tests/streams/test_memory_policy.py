@@ -79,12 +79,15 @@ def test_a_transient_root_that_recurs_without_progress_stops_the_job() -> None:
     d0, h0 = apply_memory(first, _facts(0), [], RULES)
     assert (d0.action, d0.rule, d0.recurrence, d0.retries_left) == ("retry", "transient", 1, 2)
     again, _ = _first("nondeterministic", "collective_timeout", attempt=1)
-    d1, _ = apply_memory(again, _facts(1), [h0], RULES)
-    assert (d1.action, d1.rule, d1.recurrence, d1.progressed) == (
-        "do_not_retry", "same_root_recurred", 2, False)
+    d1, h1 = apply_memory(again, _facts(1), [h0], RULES)
+    assert (d1.action, d1.recurrence, d1.progressed) == ("retry", 2, False)
+    third, _ = _first("nondeterministic", "collective_timeout", attempt=2)
+    d2, _ = apply_memory(third, _facts(2), [h0, h1], RULES)
+    assert (d2.action, d2.rule, d2.recurrence, d2.retries_left) == (
+        "do_not_retry", "same_root_recurred", 3, 1)
     # The same root, but the attempt got further (resumed from a checkpoint): retry again.
-    d1, _ = apply_memory(again, _facts(1, progress=(0, 50, 1)), [h0], RULES)
-    assert (d1.action, d1.progressed) == ("retry", True)
+    d2, _ = apply_memory(third, _facts(2, progress=(0, 50, 1)), [h0, h1], RULES)
+    assert (d2.action, d2.progressed) == ("retry", True)
 
 
 def test_an_unsure_verdict_gets_the_site_rule_once_and_stops_when_its_root_recurs() -> None:
