@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import logging
 import os
 import re
 import time
@@ -37,6 +38,8 @@ from sibylla.streams.ship import Shipper
 
 __all__ = ["Attempt", "OutputCursor", "attempt_from_env", "derive_state", "expand_path",
            "publish_attempt", "read_part", "run_epilog"]
+
+log = logging.getLogger(__name__)
 
 _SIGNATURE_BYTES = 256  # bytes before the shipped offset that must be unchanged to resume
 _PATTERN = re.compile(r"%(\d*)([AajJNuxnts%])")
@@ -180,9 +183,18 @@ def attempt_from_env(env: Mapping[str, str], scontrol: Scontrol) -> Attempt:
     if not job_id:
         raise SlurmError("SLURM_JOB_ID is not set: run this as Slurm's EpilogSlurmctld")
     attempt = int(env.get("SLURM_JOB_RESTART_COUNT", "0") or 0)
-    job = scontrol.show_job(job_id)
+    try:
+        job = scontrol.show_job(job_id)
+    except SlurmError as exc:  # still publish: the state then comes from the exit code alone
+        log.warning("job %s: %s; state from SLURM_JOB_EXIT_CODE2 only", job_id, exc)
+        job = None
     state, exit_code, signal = derive_state(attempt, env.get("SLURM_JOB_EXIT_CODE2", ""), job)
-    nodes = scontrol.hostnames(env.get("SLURM_JOB_NODELIST", ""))
+    nodelist = env.get("SLURM_JOB_NODELIST", "")
+    try:
+        nodes = scontrol.hostnames(nodelist)
+    except SlurmError as exc:  # a plain list needs no expanding; a compressed one stays as is
+        log.warning("job %s: %s; node list kept as %s", job_id, exc, nodelist)
+        nodes = [n for n in nodelist.split(",") if n]
     job = job or {}
     gpus = sum(int(g) for g in _GPUS.findall(job.get("TRES", "")))
     outputs: dict[str, Path] = {}
