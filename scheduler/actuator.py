@@ -45,6 +45,8 @@ _FINISHED_FAILED = frozenset({"FAILED", "TIMEOUT", "OUT_OF_MEMORY", "NODE_FAIL",
                               "DEADLINE"})
 _REQUEUED_BY_SLURM = frozenset({"NODE_FAIL"})
 _CLOCK_SLACK_S = 5.0  # controller and worker clocks may differ this much
+_TRIES = 3  # scontrol failures per decision before it is reported failed and left
+_BACKOFF_S = 1.0
 
 
 @dataclass(frozen=True)
@@ -138,20 +140,26 @@ class Actuator:
             "action": decision.action, "rule": decision.rule, "verdict": decision.verdict,
             "category": decision.category, "commands": [],
         }
-        try:
-            job = self._settled(decision.job_id)
-            todo = plan(decision, job, self.settings)
-            record["commands"] = [["scontrol", *c] for c in todo.commands]
-            if not todo.commands:
-                record.update(outcome="skipped", why=todo.why)
-            elif self.settings.slurm_mode == "dry-run":
-                record.update(outcome="dry-run", why="slurm_mode=dry-run: nothing run")
-            else:
-                for command in todo.commands:
-                    self.scontrol.run(command)
-                record["outcome"] = "applied"
-        except SlurmError as exc:
-            record.update(outcome="failed", why=str(exc))
+        for tries in range(1, _TRIES + 1):
+            try:
+                # Planned anew on each try: a half-applied plan (requeued, not yet released)
+                # is seen as such and not requeued twice (Slurm then starts it after 120 s).
+                job = self._settled(decision.job_id)
+                todo = plan(decision, job, self.settings)
+                record["commands"] = [["scontrol", *c] for c in todo.commands]
+                if not todo.commands:
+                    record.update(outcome="skipped", why=todo.why)
+                elif self.settings.slurm_mode == "dry-run":
+                    record.update(outcome="dry-run", why="slurm_mode=dry-run: nothing run")
+                else:
+                    for command in todo.commands:
+                        self.scontrol.run(command)
+                    record["outcome"] = "applied"
+                break
+            except SlurmError as exc:  # slurmctld busy or restarting: try again, then report
+                record.update(outcome="failed", why=str(exc), tries=tries)
+                if tries < _TRIES:
+                    self.sleep(_BACKOFF_S * 2 ** (tries - 1))
         self.audit.write(orjson.dumps(record) + b"\n")
         self.audit.flush()
         return record

@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import dataclasses
+import io
 
+import orjson
 import pytest
 
-from sibylla.scheduler.actuator import plan
+from sibylla.scheduler.actuator import Actuator, plan
+from sibylla.scheduler.scontrol import Scontrol
 from sibylla.schemas.records import Decision
 from sibylla.settings import Settings
 
@@ -77,3 +80,14 @@ def test_a_decision_older_than_the_attempt_it_names_is_ignored() -> None:
 
 def test_an_unknown_job_is_skipped() -> None:
     assert "does not know" in plan(_decision("retry"), None, SETTINGS).why
+
+
+def test_when_scontrol_keeps_failing_the_decision_is_reported_failed_after_retries() -> None:
+    waits: list[float] = []
+    audit = io.BytesIO()
+    actuator = Actuator(SETTINGS, Scontrol("false", 5.0), audit, sleep=waits.append)
+    record = actuator.apply(_decision("retry"))
+    assert (record["outcome"], record["tries"]) == ("failed", 3)
+    assert "scontrol show job -o 42" in record["why"]
+    assert waits == [1.0, 2.0]
+    assert orjson.loads(audit.getvalue())["outcome"] == "failed"
