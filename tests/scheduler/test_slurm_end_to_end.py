@@ -141,6 +141,11 @@ def test_slurm_jobs_are_stopped_requeued_or_sent_elsewhere_by_their_decisions(
         node = cluster.sbatch(_fails_once(marks / "node", _print(PROGRESS_LOG) + "sleep 300\n",
                                           "echo 'resumed from checkpoint, done'\n"), "node")
         job = cluster.wait_job(node, lambda j: j["JobState"] == "RUNNING")
+        output = cluster.root / "out" / f"node-{node}.out"
+        deadline = time.monotonic() + 60  # the first run has marked itself and printed
+        while "Epoch 1" not in (output.read_text() if output.exists() else ""):
+            assert time.monotonic() < deadline, cluster.logs()
+            time.sleep(0.2)
         failed_node = job["NodeList"]
         cluster.scontrol.run(["update", f"nodename={failed_node}", "state=down",
                               "reason=sibylla-test"])
