@@ -19,7 +19,8 @@ from typing import Any
 from sibylla.inference.api import LogWindow, is_error_start
 from sibylla.inference.preprocess import mask
 
-__all__ = ["AttemptFacts", "blamed_nodes", "cause_line", "facts_of", "fingerprint", "progress_of"]
+__all__ = ["AttemptFacts", "blamed_nodes", "cause_line", "facts_of", "fingerprint", "progress_of",
+           "template"]
 
 # Lines that follow a failure elsewhere rather than cause it: a rank's watchdog timing out
 # because another rank died, the C++ runtime aborting on an exception already printed, a
@@ -29,7 +30,9 @@ _CASCADE = re.compile(
     r"|DistBackendError|ChildFailedError|exited with (?:exit )?code|srun: error|slurmstepd: error"
     r"|Traceback \(most recent call last\)|^\s*(?:\[rank\d+\]:)?\s*File \""
 )
-_PREFIX = re.compile(r"^\s*(?:\[rank\d+\]:\s*)+|^\s*\[?[\w.-]+\]?:\s+(?=\S)")  # rank/host tags
+# Rank tags ("[rank3]:") and host tags ("gpu07:", "[node-12]:": a name with a digit, so that
+# an exception's class, "RuntimeError:", stays in the template).
+_PREFIX = re.compile(r"^\s*(?:\[rank\d+\]:\s*)+|^\s*\[?[A-Za-z][\w.-]*\d[\w.-]*\]?:\s+(?=\S)")
 
 # Progress: training loops print epochs, steps or iterations, and checkpoint saves.
 _EPOCH = re.compile(r"(?i)\bepoch[\s:=\[#]*(\d+)")

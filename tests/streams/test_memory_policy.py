@@ -14,6 +14,7 @@ from sibylla.streams.attempts import (
     facts_of,
     fingerprint,
     progress_of,
+    template,
 )
 from sibylla.streams.policy import Rules, apply_memory, make_decision
 
@@ -43,6 +44,10 @@ def test_the_same_error_of_another_rank_or_step_has_the_same_fingerprint() -> No
                     "Watchdog caught collective operation timeout: WorkNCCL(SeqNum=90210)")
     assert a == b
     assert a != fingerprint("nccl_network_error", "NCCL WARN NET/IB : Got completion with error")
+    # Host tags go, the exception's class stays.
+    assert template("gpu07: RuntimeError: CUDA error: misaligned address") == (
+        "RuntimeError: CUDA error: misaligned address")
+    assert fingerprint("x", "KeyError: 'lr'") != fingerprint("x", "ValueError: 'lr'")
 
 
 def test_progress_counts_epochs_steps_and_checkpoints() -> None:
