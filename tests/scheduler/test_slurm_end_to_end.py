@@ -226,3 +226,18 @@ def test_the_actuator_in_dry_run_changes_nothing_and_a_replay_acts_once(
     assert [orjson.loads(line)["outcome"] for line in audit.getvalue().splitlines()] == [
         "dry-run", "applied", "skipped"]
     cluster.wait_job(job_id, lambda j: j["JobState"] == "FAILED" and j["Restarts"] == "1")
+
+
+def test_do_not_retry_can_hold_the_job_for_a_human(cluster: SlurmCluster) -> None:
+    cluster.configure_epilog({})
+    job_id = cluster.sbatch(_print(IMPORT_ERROR_LOG) + "exit 1\n", "held")
+    cluster.wait_job(job_id, lambda j: j["JobState"] == "FAILED")
+    decision = Decision(job_id, 0, "deterministic", 0.99, "import_error", "do_not_retry", [],
+                        [], "m", time.time(), 1.0, state="FAILED")
+    settings = Settings.from_env({}, slurm_do_not_retry="requeuehold")
+    actuator = Actuator(settings, cluster.scontrol, io.BytesIO())
+    assert actuator.apply(decision)["outcome"] == "applied"
+    job = cluster.wait_job(job_id, lambda j: j["JobState"] == "PENDING")
+    assert job["Restarts"] == "1" and "held" in job["Reason"].lower()  # requeued held
+    assert actuator.apply(decision)["outcome"] == "skipped"  # replayed: held once
+    subprocess.run(["scancel", job_id], env=cluster.env, check=True)  # the human's call
