@@ -23,7 +23,6 @@ from sibylla.settings import Settings
 from tests.integration.fixtures import (
     NONDETERMINISTIC_LOG,
     make_settings,
-    only_brokers,
     read_all,
     start_worker,
 )
@@ -109,7 +108,6 @@ def _decisions(settings: Settings) -> dict[tuple[str, int], Decision]:
     return {(r["job_id"], r["attempt"]): Decision.from_json(orjson.dumps(r)) for r in records}
 
 
-@only_brokers("kafka")
 def test_slurm_jobs_are_stopped_requeued_or_sent_elsewhere_by_their_decisions(
         broker: object, cluster: SlurmCluster, unique_prefix: str, workdir: Path) -> None:
     settings = make_settings(broker.bootstrap_servers, unique_prefix,  # type: ignore[attr-defined]
@@ -118,8 +116,8 @@ def test_slurm_jobs_are_stopped_requeued_or_sent_elsewhere_by_their_decisions(
     worker = start_worker(settings, workdir)
     actuator = ActuatorProcess(settings, cluster, workdir / "audit.jsonl")
     try:
-        marks = cluster.root / "marks"
-        marks.mkdir(exist_ok=True)
+        marks = cluster.root / "marks" / unique_prefix  # the cluster outlives the test
+        marks.mkdir(parents=True)
         imp = cluster.sbatch(_print(IMPORT_ERROR_LOG) + "exit 1\n", "imp")
         nccl = cluster.sbatch(_fails_once(marks / "nccl", _print(NONDETERMINISTIC_LOG),
                                           "echo 'training finished, final loss=1.91'\n"),
