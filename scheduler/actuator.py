@@ -165,11 +165,10 @@ class Actuator:
         return record
 
 
-async def run_actuator(settings: Settings, audit: IO[bytes] | None = None,
-                       stop: asyncio.Event | None = None) -> int:
-    """Follow the decisions topic and apply each decision until ``stop`` is set (or forever)."""
-    out = audit or (open(settings.slurm_audit_file, "ab")  # noqa: SIM115 - lives as long as we
-                    if settings.slurm_audit_file else sys.stdout.buffer)
+async def run_actuator(settings: Settings) -> int:
+    """Follow the decisions topic and apply each decision, until stopped."""
+    out = (open(settings.slurm_audit_file, "ab")  # noqa: SIM115 - lives as long as we do
+           if settings.slurm_audit_file else sys.stdout.buffer)
     actuator = Actuator(settings, Scontrol(settings.slurm_scontrol,
                                            settings.slurm_command_timeout_s), out)
     consumer = AIOKafkaConsumer(
@@ -180,7 +179,7 @@ async def run_actuator(settings: Settings, audit: IO[bytes] | None = None,
     log.info("slurm actuator: following %s as group %s (%s)", settings.topic("decisions"),
              settings.slurm_actuator_group, settings.slurm_mode)
     try:
-        while stop is None or not stop.is_set():
+        while True:
             batch = await consumer.getmany(timeout_ms=500)
             for tp, records in batch.items():
                 for message in records:
@@ -189,9 +188,8 @@ async def run_actuator(settings: Settings, audit: IO[bytes] | None = None,
                                            message.offset + 1})
     finally:
         await consumer.stop()
-        if out is not sys.stdout.buffer and audit is None:
+        if out is not sys.stdout.buffer:
             out.close()
-    return 0
 
 
 async def _handle(actuator: Actuator, value: bytes) -> None:
