@@ -16,7 +16,7 @@ import pytest
 from sibylla.schemas.records import parse_log_record
 from sibylla.settings import Settings
 from sibylla.streams.topics import ensure_topics
-from tests.integration.fixtures import make_settings, only_brokers, read_all
+from tests.integration.fixtures import make_settings, read_all
 
 pytestmark = pytest.mark.integration
 
@@ -35,7 +35,6 @@ def _epilog(settings: Settings, tmp_path: Path, attempt: int, exit_code2: str
                           capture_output=True, text=True, timeout=60, check=False)
 
 
-@only_brokers("tansu")
 def test_each_attempt_of_an_appended_output_is_published_once_with_its_event(
         broker: object, unique_prefix: str, tmp_path: Path) -> None:
     settings = make_settings(broker.bootstrap_servers,  # type: ignore[attr-defined]
