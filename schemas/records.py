@@ -267,6 +267,13 @@ class Decision:
     ``explored``: the verdict was ``deterministic`` but the action is ``default_policy``
     (exploration), so that the retry's outcome tells whether the verdict was right. Absent in
     decisions written before the field existed, which parse as False.
+
+    The policy with memory (``streams/memory.py``) adds what a scheduler needs to act on a job's
+    history: ``fingerprint`` of the attempt's root cause (category + masked cause line),
+    ``recurrence`` (how many failed attempts of the job had that root, this one included),
+    ``progressed`` (this attempt got further than every earlier one), ``exclude_nodes`` (every
+    node to keep the job off, capped), ``retries_left`` (of the job's retry budget; None in
+    decisions written before memory existed) and ``rule``, the rule that chose the action.
     """
 
     job_id: str
@@ -283,6 +290,12 @@ class Decision:
     state: str = ""
     line_count: int = 0
     explored: bool = False
+    fingerprint: str = ""
+    recurrence: int = 0
+    progressed: bool = False
+    exclude_nodes: list[str] = field(default_factory=list)
+    retries_left: int | None = None
+    rule: str = ""
     schema_version: int = SCHEMA_VERSION
 
     def to_json(self) -> bytes:

@@ -24,6 +24,7 @@ COMMAND_MODULES = (
     "sibylla.inference.cli",
     "sibylla.online_learning.cli",
     "sibylla.simulator.cli",
+    "sibylla.scheduler.cli",
 )
 
 

@@ -113,6 +113,73 @@ class Settings:
         min=0.0, max=1.0,
     )
 
+    # --- retry policy with memory (README: Retry policy) --------------------------------------
+    policy_max_retries: int = setting(
+        3, "Retries a job may use for failures that are its own (node failures are free); "
+        "past it every failure is do_not_retry (rule retry_budget_spent).", min=0
+    )
+    policy_max_recurrence: int = setting(
+        2, "Unsure verdicts: stop (do_not_retry, rule same_root_recurred) when the same root "
+        "cause ended this many attempts and the last got no further (epoch, step, "
+        "checkpoints).", min=1
+    )
+    policy_max_recurrence_transient: int = setting(
+        3, "Nondeterministic verdicts: the same, for a transient-looking root that keeps "
+        "ending the job without progress.", min=1
+    )
+    policy_max_excluded_nodes: int = setting(
+        4, "Most nodes a decision asks to exclude (the most recently blamed kept).", min=0
+    )
+    policy_history_max: int = setting(
+        16, "Attempts remembered per job (the newest).", min=1
+    )
+    nodes_suspect_jobs: int = setting(
+        3, "sibylla nodes: a node blamed by failures of at least this many jobs is a suspect.",
+        min=1
+    )
+
+    # --- Slurm (README: Slurm) ----------------------------------------------------------------
+    slurm_scontrol: str = setting("scontrol", "The scontrol command (a path or a name on PATH).")
+    slurm_command_timeout_s: float = setting(
+        5.0, "Longest wait for one scontrol call (the epilog must never hold slurmctld).",
+        min=0.1
+    )
+    slurm_epilog_timeout_s: float = setting(
+        20.0, "Longest the epilog may take in all; past it, it gives up and exits non-zero.",
+        min=1.0
+    )
+    slurm_epilog_max_bytes: int = setting(
+        4 << 20, "Most output bytes the epilog ships per attempt (the first and the last half).",
+        min=1024
+    )
+    slurm_epilog_state_dir: Path = setting(
+        Path("/var/spool/sibylla-epilog"), "Where the epilog remembers how much of each job's "
+        "output file earlier attempts shipped (with --open-mode=append, each attempt ships "
+        "only its own lines)."
+    )
+    slurm_actuator_group: str = setting(
+        "sibylla-slurm-actuator", "Consumer group of sibylla slurm actuator (its committed "
+        "offsets make it safe to restart)."
+    )
+    slurm_mode: Literal["apply", "dry-run"] = setting(
+        "apply", "dry-run: the actuator prints the scontrol commands it would run, runs none."
+    )
+    slurm_do_not_retry: Literal["leave", "requeuehold"] = setting(
+        "leave", "do_not_retry: leave the job failed, or requeue it held for a human to "
+        "release or cancel."
+    )
+    slurm_default_retries: int = setting(
+        1, "default_policy (the site's rule): requeue while the job has restarted fewer "
+        "times than this; 0 leaves it failed.", min=0
+    )
+    slurm_audit_file: str = setting(
+        "", "Where the actuator appends one JSON line per decision it handles; empty: stdout."
+    )
+    slurm_settle_s: float = setting(
+        30.0, "Longest the actuator waits for a job to leave COMPLETING before acting.",
+        min=0.0
+    )
+
     # --- worker -------------------------------------------------------------------------------
     store: StoreKind = setting("rocksdb", "Table store: rocksdb (production) or memory.")
     data_dir: Path = setting(Path("sibylla-data"), "Where the worker keeps its table stores.")

@@ -22,6 +22,7 @@ from sibylla.simulator.metrics import deterministic_shares, format_table, jct_ho
 from sibylla.simulator.policies import (
     ConfusionPolicy,
     FixedRetries,
+    MemoryPolicy,
     NeverRetry,
     Oracle,
     RetryPolicy,
@@ -34,7 +35,7 @@ from sibylla.simulator.reliability import (
     mttf_hours,
     nodes_for,
 )
-from sibylla.simulator.scheduler import SimResult, simulate
+from sibylla.simulator.scheduler import SimResult, attempt_outcome, simulate
 from sibylla.simulator.synthetic import generate, servers_for_load
 
 __all__ = ["run_reliability", "run_simulate"]
@@ -117,6 +118,10 @@ def run_simulate(args: argparse.Namespace) -> int:
         NeverRetry(),
         Oracle(k),
         ConfusionPolicy(matrix, k, args.seed),
+        ConfusionPolicy(matrix, k, args.seed, per_job=True),
+        MemoryPolicy(matrix, lambda job, n: attempt_outcome(job, n, args.seed,
+                                                             args.retry_success)[0],
+                     k, args.seed),
     ]
     if args.model is not None:
         policies.append(_model_policy(args, jobs))

@@ -8,17 +8,23 @@ nondeterministic means retry, unknown falls back to the fixed policy.
 
 from __future__ import annotations
 
+import dataclasses
 import random
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Protocol
 
+from sibylla.inference.api import LogWindow, Prediction
+from sibylla.schemas.records import JobEvent
 from sibylla.simulator.confusion import CLASSES, PREDICTIONS, ConfusionMatrix
 from sibylla.simulator.jobs import Job
+from sibylla.streams.attempts import AttemptFacts
+from sibylla.streams.policy import Rules, apply_memory, make_decision
 
 __all__ = [
     "ConfusionPolicy",
     "FixedRetries",
+    "MemoryPolicy",
     "NeverRetry",
     "Oracle",
     "RetryPolicy",
@@ -93,21 +99,26 @@ class ConfusionPolicy(_Verdicts):
     """Sibylla with a classifier that errs as the confusion matrix says.
 
     The verdict for (job, attempt) is drawn from a generator seeded by both, so every replay of
-    the same trace sees the same verdicts whatever else changed.
+    the same trace sees the same verdicts whatever else changed. ``per_job``: one draw per job,
+    reused for its later attempts, as the model does when a retry prints the same log again
+    (the independent draws of the default are optimistic: a wrong verdict is soon corrected).
     """
 
-    def __init__(self, matrix: ConfusionMatrix, max_retries: int = 3, seed: int = 0) -> None:
+    def __init__(self, matrix: ConfusionMatrix, max_retries: int = 3, seed: int = 0,
+                 per_job: bool = False) -> None:
         self.matrix = matrix
         self.max_retries = max_retries
         self.seed = seed
+        self.per_job = per_job
         self._cum = {c: _cumulative(matrix.rates(c)) for c in CLASSES}
 
     @property
     def name(self) -> str:
-        return "sibylla"
+        return "sibylla-job" if self.per_job else "sibylla"
 
     def verdict(self, index: int, job: Job, attempt: int) -> str:
-        u = random.Random(f"{self.seed}/{index}/{attempt}").random()
+        draw = f"{self.seed}/{index}" if self.per_job else f"{self.seed}/{index}/{attempt}"
+        u = random.Random(draw).random()
         for prediction, edge in zip(PREDICTIONS, self._cum[job.outcome], strict=True):
             if u < edge:
                 return prediction
@@ -131,3 +142,47 @@ class VerdictPolicy(_Verdicts):
 
 def _cumulative(rates: tuple[float, float, float]) -> tuple[float, float, float]:
     return (rates[0], rates[0] + rates[1], 1.0)
+
+
+class MemoryPolicy(ConfusionPolicy):
+    """Sibylla with memory: the same verdicts as :class:`ConfusionPolicy` with ``per_job`` (same
+    draws), revised by the job's earlier attempts with the worker's own rules
+    (:func:`sibylla.streams.policy.apply_memory`).
+
+    What the trace tells the rules: an attempt's root is its job's failure (a deterministic job
+    fails the same way every time; a flaky one with the same transient error), its progress is
+    how long it ran (``run_time(job, attempt)``, the scheduler's
+    :func:`~sibylla.simulator.scheduler.attempt_outcome`): a deterministic failure dies at the
+    same step each time, a retried transient failure wherever it happens to.
+    """
+
+    def __init__(self, matrix: ConfusionMatrix, run_time: Callable[[Job, int], float],
+                 max_retries: int = 3, seed: int = 0, rules: Rules | None = None) -> None:
+        super().__init__(matrix, max_retries, seed, per_job=True)
+        self.run_time = run_time
+        self.rules = dataclasses.replace(rules or Rules(), max_retries=max_retries)
+        self._history: dict[int, list[AttemptFacts]] = {}
+
+    @property
+    def name(self) -> str:
+        return "sibylla-memory"
+
+    def retry(self, index: int, job: Job, attempt: int) -> bool:
+        if attempt >= self.max_retries:
+            self._history.pop(index, None)
+            return False
+        verdict = self.verdict(index, job, attempt)
+        category = job.category or job.outcome
+        event = JobEvent(job.job_id, attempt, "finished", "FAILED", 1)
+        first = make_decision(event, LogWindow(job.job_id, attempt, [category]),
+                              Prediction(verdict, 0.9, category, []),  # type: ignore[arg-type]
+                              self.name, 0.0, 0.0)
+        history = self._history.setdefault(index, [])
+        facts = AttemptFacts(attempt, category, category,
+                             (0, int(self.run_time(job, attempt)), 0))
+        decision, remembered = apply_memory(first, facts, history, self.rules)
+        history.append(remembered)
+        if decision.action == "do_not_retry":
+            del self._history[index]
+            return False
+        return True

@@ -26,7 +26,7 @@ from sibylla.simulator.cluster import Allocation, Cluster
 from sibylla.simulator.jobs import Job
 from sibylla.simulator.policies import RetryPolicy
 
-__all__ = ["Attempt", "SimResult", "simulate"]
+__all__ = ["Attempt", "SimResult", "attempt_outcome", "simulate"]
 
 Result = Literal["pass", "killed", "failed"]
 _END, _ARRIVAL = 0, 1  # at equal times, free GPUs before admitting arrivals
@@ -58,8 +58,11 @@ class SimResult:
     total_gpus: int
 
 
-def _outcome(job: Job, number: int, seed: int, retry_success: float) -> tuple[float, Result]:
-    """Run time and result of attempt ``number`` (0-based) of ``job``."""
+def attempt_outcome(job: Job, number: int, seed: int, retry_success: float
+                    ) -> tuple[float, Result]:
+    """Run time and result of attempt ``number`` (0-based) of ``job``: a deterministic failure
+    dies at the same point every time, a failed retry of a nondeterministic one at a random
+    point of its run."""
     if job.outcome == "pass":
         return job.duration, "pass"
     if job.outcome == "killed":
@@ -99,7 +102,7 @@ def simulate(
 
     def enqueue(i: int, number: int, now: float) -> None:
         nonlocal seq
-        queue[seq] = (i, number, now, *_outcome(jobs[i], number, seed, retry_success))
+        queue[seq] = (i, number, now, *attempt_outcome(jobs[i], number, seed, retry_success))
         seq += 1
 
     def start(key: int, now: float) -> None:

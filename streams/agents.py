@@ -59,8 +59,9 @@ from sibylla.streams.batcher import MicroBatcher
 from sibylla.streams.gaps import GapFiller, ends_on_cancel, finish
 from sibylla.streams.keys import attempt_key, partition_of, split_key
 from sibylla.streams.lag import LagProbe
+from sibylla.streams.memory import AttemptMemory
 from sibylla.streams.metrics import WorkerMetrics
-from sibylla.streams.policy import CLASSIFIER_ERROR_CATEGORY, make_decision
+from sibylla.streams.policy import CLASSIFIER_ERROR_CATEGORY
 from sibylla.streams.state import WindowCache, live_get, live_items, live_items_of
 from sibylla.streams.window import WindowLimits
 from sibylla.streams.window_store import WindowStore
@@ -117,6 +118,8 @@ class Pipeline:
         # Called for each new decision inside the decide agent's event context (table writes
         # there land on the job's partition): online learning keeps the window it needs.
         self.decided_hooks: list[Callable[[LogWindow, Decision], Awaitable[None]]] = []
+        # Each job's earlier attempts, for the policy with memory.
+        self.memory = AttemptMemory(topology.history, s, self.metrics)
         self._windows_swept: dict[int, float] = {}  # partition -> last TTL sweep
         self._decisions_swept: dict[int, float] = {}
         self.gaps = GapFiller(s, topology.offsets)
@@ -312,6 +315,7 @@ class Pipeline:
         """Forget decisions older than the TTL: they only guard against replays, which come
         minutes after a crash, not days."""
         horizon = now - self.settings.window_ttl_s
+        self.memory.expire(partition, horizon)
         for key, value in live_items_of(self.t.decided, partition, self.settings.partitions):
             job_id, attempt = split_key(key)
             if orjson.loads(value)["decided_at"] < horizon:
@@ -464,9 +468,9 @@ class Pipeline:
         made = []
         for (key, (event, job, event_time, window)), prediction in zip(
                 todo.items(), predictions, strict=True):
-            decision = make_decision(job, window, prediction, version, time.time(), event_time,
-                                     explore_rate=self.settings.explore_rate,
-                                     explore_max_confidence=self.settings.explore_max_confidence)
+            self.in_event(event)  # the memory's table write goes to the job's partition
+            decision = self.memory.decide(job, window, prediction, version, time.time(),
+                                          event_time)
             value = decision.to_json()
             delivered = await self.t.decisions.send(key=job.job_id.encode(), value=value,
                                                     force=True)

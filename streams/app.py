@@ -38,6 +38,7 @@ class Topology:
     decided: Any  # attempt key -> Decision JSON
     latest: Any  # job_id -> latest decided attempt (ASCII int)
     offsets: Any  # "<topic>/<partition>" -> last offset an agent finished (see gaps.py)
+    history: Any  # job_id -> the job's failed attempts, for the policy with memory (JSON)
 
 
 def _credentials(settings: Settings) -> Any:
@@ -109,4 +110,5 @@ def build_app(settings: Settings) -> Topology:
         labels=labels, windows=table("windows"), window_chunks=table("window-chunks"),
         pending=table("pending"),
         decided=table("decided"), latest=table("latest"), offsets=table("offsets"),
+        history=table("history"),
     )

@@ -1,4 +1,4 @@
-"""Subcommands of the streaming stage: worker, demo, decisions, ship."""
+"""Subcommands of the streaming stage: worker, demo, decisions, nodes, ship."""
 
 from __future__ import annotations
 
@@ -31,6 +31,15 @@ def register(subparsers: Any) -> None:
                    help="start at the oldest decision kept (default: with --follow, new ones)")
     add_settings_arguments(p, only=CONNECTION)
     p.set_defaults(func=_decisions)
+
+    p = subparsers.add_parser(
+        "nodes", help="nodes blamed by failures of many jobs (suspect lemon nodes)",
+        description="Reads every decision kept on the topic; a node blamed (GPU fault lines, "
+        "node failures) by at least nodes_suspect_jobs distinct jobs is a suspect.")
+    p.add_argument("--all", action="store_true", help="every blamed node, not just suspects")
+    p.add_argument("--json", action="store_true", help="JSON lines")
+    add_settings_arguments(p, only=CONNECTION | {"nodes_suspect_jobs"})
+    p.set_defaults(func=_nodes)
 
     p = subparsers.add_parser("ship", help="publish a job's log file to Kafka as LogBatch "
                               "records (and optionally its termination event)")
@@ -71,6 +80,15 @@ def _decisions(args: argparse.Namespace) -> int:
 
     settings = settings_from_args(args)
     return asyncio.run(print_decisions(settings, args.follow, args.from_beginning))
+
+
+def _nodes(args: argparse.Namespace) -> int:
+    import asyncio
+
+    from sibylla.streams.nodes import print_nodes
+
+    settings = settings_from_args(args)
+    return asyncio.run(print_nodes(settings, args.json, args.all))
 
 
 def _ship(args: argparse.Namespace) -> int:

@@ -66,6 +66,11 @@ class WorkerMetrics:
         self.failure_rate = Gauge("sibylla_node_failure_rate_per_node_day",
                                   "Estimated infrastructure failures per node-day (r_f).",
                                   registry=r)
+        self.node_blames = Counter("sibylla_node_blames",
+                                   "Failed attempts whose evidence (Xid/ECC lines, node "
+                                   "failure) blamed a node: a node high here across many jobs "
+                                   "is a suspect (sibylla nodes lists them).",
+                                   ["node"], registry=r)
         self.mttf_seconds = Gauge("sibylla_mttf_seconds",
                                   "Projected mean time to failure, by job size in nodes.",
                                   ["nodes"], registry=r)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import dataclasses
 import hashlib
 import json
 import re
@@ -170,6 +171,22 @@ def test_an_explored_decision_round_trips_and_is_valid_against_the_schema() -> N
     jsonschema.validate(raw, DECISION)
     assert Decision.from_json(decision.to_json()) == decision
     assert orjson.loads(Decision.from_json(decision.to_json()).to_json())["explored"] is True
+
+
+def test_a_decision_with_the_memory_fields_round_trips_and_is_valid() -> None:
+    decision = Decision("j", 1, "nondeterministic", 0.99, "gpu_hardware_error",
+                        "retry_elsewhere", ["gpu07"], ["NVRM: Xid 79"], "gru-1", 1.0, 12.5,
+                        fingerprint="0123abcd0123abcd", recurrence=2, progressed=True,
+                        exclude_nodes=["gpu03", "gpu07"], retries_left=1,
+                        rule="hardware_blamed")
+    raw = orjson.loads(decision.to_json())
+    jsonschema.validate(raw, DECISION)
+    assert Decision.from_json(decision.to_json()) == decision
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate({**raw, "retries_left": -1}, DECISION)
+    # Made without memory (older workers): retries_left is null, still valid.
+    jsonschema.validate(orjson.loads(dataclasses.replace(decision, retries_left=None)
+                                     .to_json()), DECISION)
 
 
 def test_a_decision_written_before_exploration_existed_still_parses() -> None:

@@ -26,7 +26,8 @@ def test_simulate_prints_every_policy_as_json(capsys, tmp_path):
     )
     report = json.loads(capsys.readouterr().out)
     assert code == 0
-    assert [p["policy"] for p in report["policies"]] == ["fixed-3", "never", "oracle", "sibylla"]
+    assert [p["policy"] for p in report["policies"]] == [
+        "fixed-3", "never", "oracle", "sibylla", "sibylla-job", "sibylla-memory"]
     assert report["confusion_source"].startswith("command line")
     assert (tmp_path / "gpu_hours_by_policy.png").stat().st_size > 0
     assert (tmp_path / "jct_cdf.png").stat().st_size > 0

@@ -79,3 +79,34 @@ def test_verdicts_are_the_same_on_every_replay():
     first = [policy.verdict(i, j, 0) for i, j in failing]
     assert first == [policy.verdict(i, j, 0) for i, j in failing]
     assert len(set(first)) > 1
+
+
+def _memory(matrix):
+    from sibylla.simulator.policies import MemoryPolicy
+    from sibylla.simulator.scheduler import attempt_outcome
+
+    return MemoryPolicy(matrix, lambda job, n: attempt_outcome(job, n, 3, 0.8)[0], 3)
+
+
+def test_memory_stops_an_unsure_deterministic_failure_when_it_recurs(world):
+    """Unsure on every attempt, memoryless Sibylla falls back to fixed retries; with memory a
+    deterministic failure dies at the same point again and the job stops after one retry."""
+    jobs, servers = world
+    result = simulate(jobs, _memory(ABSTAINS), servers, seed=3)
+    counts: dict[int, int] = {}
+    for a in result.attempts:
+        counts[a.job] = counts.get(a.job, 0) + 1
+    assert all(counts[i] == 2 for i, j in enumerate(jobs) if j.outcome == "deterministic")
+    memoryless = run(world, ConfusionPolicy(ABSTAINS, 3, per_job=True))
+    memory = measure(result)
+    assert memory.futile_retry_gpu_h < 0.5 * memoryless.futile_retry_gpu_h
+    assert memory.success_rate >= memoryless.success_rate - 0.01
+
+
+def test_per_job_verdicts_repeat_on_later_attempts():
+    policy = ConfusionPolicy(ConfusionMatrix.from_numbers("5,3,2,2,6,2"), 3, seed=1,
+                             per_job=True)
+    jobs = generate(200, seed=2)
+    failing = [(i, j) for i, j in enumerate(jobs) if j.outcome in ("deterministic",
+                                                                  "nondeterministic")]
+    assert all(policy.verdict(i, j, 0) == policy.verdict(i, j, 2) for i, j in failing)

@@ -1,0 +1,202 @@
+"""``sibylla slurm actuator``: applies Sibylla's decisions to Slurm jobs.
+
+It follows ``sibylla.decisions`` in a consumer group of its own and, per decision, looks at the
+job (``scontrol show job``) before it acts, so that a decision replayed after a restart or a
+rebalance does nothing twice:
+
+- the job ended the decided attempt and is still finished (``Restarts`` equals the attempt):
+  ``retry`` requeues it and lets it start now (a requeued job otherwise waits 120 s);
+  ``retry_elsewhere`` does the same with the excluded nodes added to ``ExcNodeList``;
+  ``do_not_retry`` leaves it failed (or ``requeuehold`` for a human, by setting);
+  ``default_policy`` applies the site's rule (requeue while the job restarted fewer than
+  ``slurm_default_retries`` times);
+- slurmctld requeued the job itself (a node failure: the decision's state is NODE_FAIL and the
+  job is pending at the next attempt): ``retry_elsewhere`` updates ``ExcNodeList`` and lets it
+  start now, ``do_not_retry`` holds it;
+- anything else (the job moved on, is unknown, or the decision predates the attempt's end) is
+  skipped with the reason.
+
+Each decision handled writes one JSON audit line. Offsets are committed after the action, so a
+crash replays at most the decision in hand, which the checks above make harmless.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import sys
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import IO, Any
+
+import orjson
+from aiokafka import AIOKafkaConsumer, TopicPartition
+
+from sibylla.scheduler.scontrol import Scontrol, SlurmError, timestamp
+from sibylla.schemas.records import Decision, RecordError
+from sibylla.settings import Settings
+
+__all__ = ["Actuator", "Plan", "plan", "run_actuator"]
+
+log = logging.getLogger(__name__)
+
+_FINISHED_FAILED = frozenset({"FAILED", "TIMEOUT", "OUT_OF_MEMORY", "NODE_FAIL", "BOOT_FAIL",
+                              "DEADLINE"})
+_REQUEUED_BY_SLURM = frozenset({"NODE_FAIL"})
+_CLOCK_SLACK_S = 5.0  # controller and worker clocks may differ this much
+_TRIES = 3  # scontrol failures per decision before it is reported failed and left
+_BACKOFF_S = 1.0
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What to do about one decision: scontrol calls (in order), or why nothing."""
+
+    commands: list[list[str]] = field(default_factory=list)
+    why: str = ""
+
+
+def _exclusion(job: Mapping[str, str], decision: Decision) -> str:
+    """The job's ExcNodeList with the decision's nodes added (order kept, no repeats)."""
+    current = job.get("ExcNodeList", "(null)")
+    nodes = [] if current in ("(null)", "") else current.split(",")
+    for node in decision.exclude_nodes or decision.avoid_nodes:
+        if node not in nodes:
+            nodes.append(node)
+    return ",".join(nodes)
+
+
+def plan(decision: Decision, job: Mapping[str, str] | None, settings: Settings) -> Plan:
+    """The scontrol calls that apply ``decision`` to the job as it is now (pure: no calls)."""
+    job_id, attempt, action = decision.job_id, decision.attempt, decision.action
+    if job is None:
+        return Plan(why="slurmctld does not know the job (any more)")
+    restarts = int(job.get("Restarts", "0") or 0)
+    state = job.get("JobState", "")
+    start_now = [f"jobid={job_id}", "StartTime=now"]
+    if restarts == attempt and state in _FINISHED_FAILED:
+        ended = timestamp(job.get("EndTime", ""))
+        if ended is not None and decision.decided_at + _CLOCK_SLACK_S < ended:
+            return Plan(why="the decision predates the end of this attempt (a reused job id?)")
+        if action == "default_policy":
+            if restarts < settings.slurm_default_retries:
+                action = "retry"
+            else:
+                return Plan(why=f"site rule: the job restarted {restarts} times "
+                                f"(slurm_default_retries={settings.slurm_default_retries})")
+        if action == "retry":
+            return Plan([["requeue", job_id], ["update", *start_now]])
+        if action == "retry_elsewhere":
+            return Plan([["requeue", job_id],
+                         ["update", *start_now, f"ExcNodeList={_exclusion(job, decision)}"]])
+        if settings.slurm_do_not_retry == "requeuehold":
+            return Plan([["requeuehold", job_id]])
+        return Plan(why="do_not_retry: the job stays failed")
+    if (restarts == attempt + 1 and state == "PENDING"
+            and decision.state in _REQUEUED_BY_SLURM):
+        if action == "retry_elsewhere":
+            exclusion = _exclusion(job, decision)
+            if exclusion == job.get("ExcNodeList") and job.get("Reason") != "BeginTime":
+                return Plan(why="already applied: nodes excluded, start time released")
+            return Plan([["update", *start_now, f"ExcNodeList={exclusion}"]])
+        if action == "retry":
+            return Plan([["update", *start_now]])
+        if action == "do_not_retry":
+            if job.get("Reason", "").startswith("JobHeld"):
+                return Plan(why="already applied: the job is held")
+            return Plan([["hold", job_id]])
+        return Plan(why="default_policy: slurmctld's own requeue stands")
+    return Plan(why=f"the job is {state} at restart {restarts}, not the failed attempt "
+                    f"{attempt} (already handled, or moved on)")
+
+
+class Actuator:
+    """Applies decisions one at a time; ``audit`` gets one JSON line per decision."""
+
+    def __init__(self, settings: Settings, scontrol: Scontrol, audit: IO[bytes],
+                 sleep: Callable[[float], Any] = time.sleep) -> None:
+        self.settings = settings
+        self.scontrol = scontrol
+        self.audit = audit
+        self.sleep = sleep
+
+    def _settled(self, job_id: str) -> dict[str, str] | None:
+        """The job once it has left COMPLETING (its epilog may still be running), or as it is
+        after ``slurm_settle_s``."""
+        deadline = time.monotonic() + self.settings.slurm_settle_s
+        while True:
+            job = self.scontrol.show_job(job_id)
+            if job is None or job.get("JobState") != "COMPLETING":
+                return job
+            if time.monotonic() > deadline:
+                return job
+            self.sleep(0.25)
+
+    def apply(self, decision: Decision) -> dict[str, Any]:
+        """Apply one decision; returns (and writes) its audit record."""
+        record: dict[str, Any] = {
+            "at": time.time(), "job_id": decision.job_id, "attempt": decision.attempt,
+            "action": decision.action, "rule": decision.rule, "verdict": decision.verdict,
+            "category": decision.category, "commands": [],
+        }
+        for tries in range(1, _TRIES + 1):
+            try:
+                # Planned anew on each try: a half-applied plan (requeued, not yet released)
+                # is seen as such and not requeued twice (Slurm then starts it after 120 s).
+                job = self._settled(decision.job_id)
+                todo = plan(decision, job, self.settings)
+                record["commands"] = [["scontrol", *c] for c in todo.commands]
+                if not todo.commands:
+                    record.update(outcome="skipped", why=todo.why)
+                elif self.settings.slurm_mode == "dry-run":
+                    record.update(outcome="dry-run", why="slurm_mode=dry-run: nothing run")
+                else:
+                    for command in todo.commands:
+                        self.scontrol.run(command)
+                    record["outcome"] = "applied"
+                break
+            except SlurmError as exc:  # slurmctld busy or restarting: try again, then report
+                record.update(outcome="failed", why=str(exc), tries=tries)
+                if tries < _TRIES:
+                    self.sleep(_BACKOFF_S * 2 ** (tries - 1))
+        self.audit.write(orjson.dumps(record) + b"\n")
+        self.audit.flush()
+        return record
+
+
+async def run_actuator(settings: Settings) -> int:
+    """Follow the decisions topic and apply each decision, until stopped."""
+    out = (open(settings.slurm_audit_file, "ab")  # noqa: SIM115 - lives as long as we do
+           if settings.slurm_audit_file else sys.stdout.buffer)
+    actuator = Actuator(settings, Scontrol(settings.slurm_scontrol,
+                                           settings.slurm_command_timeout_s), out)
+    consumer = AIOKafkaConsumer(
+        settings.topic("decisions"), bootstrap_servers=settings.bootstrap_servers,
+        group_id=settings.slurm_actuator_group, enable_auto_commit=False,
+        auto_offset_reset="earliest", **settings.kafka_client_options())
+    await consumer.start()
+    log.info("slurm actuator: following %s as group %s (%s)", settings.topic("decisions"),
+             settings.slurm_actuator_group, settings.slurm_mode)
+    try:
+        while True:
+            batch = await consumer.getmany(timeout_ms=500)
+            for tp, records in batch.items():
+                for message in records:
+                    await _handle(actuator, message.value)
+                    await consumer.commit({TopicPartition(tp.topic, tp.partition):
+                                           message.offset + 1})
+    finally:
+        await consumer.stop()
+        if out is not sys.stdout.buffer:
+            out.close()
+
+
+async def _handle(actuator: Actuator, value: bytes) -> None:
+    try:
+        decision = Decision.from_json(value)
+    except (RecordError, TypeError) as exc:
+        log.warning("slurm actuator: skipping a record that is no decision: %s", exc)
+        return
+    # scontrol blocks (and the settle wait sleeps): off the event loop, so heartbeats go on.
+    await asyncio.to_thread(actuator.apply, decision)

@@ -1,0 +1,60 @@
+"""Subcommands of the scheduler stage: ``sibylla slurm epilog`` and ``sibylla slurm actuator``."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Any
+
+from sibylla.settings import add_settings_arguments, settings_from_args
+
+__all__ = ["register"]
+
+
+def register(subparsers: Any) -> None:
+    p = subparsers.add_parser("slurm", help="Slurm integration: the epilog hook that publishes "
+                              "job attempts, the actuator that applies decisions")
+    slurm = p.add_subparsers(dest="slurm_command", required=True, metavar="SLURM_COMMAND")
+
+    e = slurm.add_parser(
+        "epilog", help="EpilogSlurmctld hook: publish the finished attempt's output and event",
+        description="Run by slurmctld as EpilogSlurmctld (reads SLURM_JOB_* variables). "
+        "Submit jobs with --open-mode=append (or per-attempt output names): Slurm truncates "
+        "the output file when a job is requeued.")
+    add_settings_arguments(e)
+    e.set_defaults(func=_epilog)
+
+    a = slurm.add_parser(
+        "actuator", help="follow sibylla.decisions and requeue, exclude nodes or hold jobs",
+        description="Applies each decision with scontrol; one JSON audit line per decision "
+        "(slurm_audit_file, or stdout). Safe to restart: replayed decisions do nothing twice.")
+    add_settings_arguments(a)
+    a.set_defaults(func=_actuator)
+
+
+def _epilog(args: argparse.Namespace) -> int:
+    import os
+
+    from sibylla.scheduler.epilog import run_epilog
+
+    settings = settings_from_args(args)
+    try:
+        print(run_epilog(settings, os.environ), file=sys.stderr)
+    except Exception as exc:  # noqa: BLE001 - slurmctld logs one line; the job is untouched
+        print(f"sibylla epilog: job {os.environ.get('SLURM_JOB_ID', '?')}: not published: "
+              f"{type(exc).__name__}: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def _actuator(args: argparse.Namespace) -> int:
+    import asyncio
+
+    from sibylla.scheduler.actuator import run_actuator
+    from sibylla.settings import SettingsError
+
+    settings = settings_from_args(args)
+    if not settings.bootstrap_servers:
+        raise SettingsError("bootstrap_servers: required for the actuator "
+                            "(SIBYLLA_BOOTSTRAP_SERVERS or --bootstrap-servers)")
+    return asyncio.run(run_actuator(settings))

@@ -1,0 +1,86 @@
+"""Talking to Slurm through ``scontrol``, with a bound on every call.
+
+Both the epilog (run by slurmctld for every job) and the actuator call scontrol; a hung call
+must never hold slurmctld's epilog thread or stall the actuator, so every call has a timeout and
+a failure is a :class:`SlurmError` with scontrol's own message.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+from collections.abc import Mapping, Sequence
+from datetime import datetime
+
+__all__ = ["Scontrol", "SlurmError", "parse_job", "timestamp"]
+
+# A field of `scontrol show job -o`: a key after a space (values such as TRES hold '=' but no
+# space before it), up to the next key.
+_KEY = re.compile(r"(?:^|\s)([A-Za-z][\w:/.()-]*)=")
+
+
+class SlurmError(RuntimeError):
+    """An scontrol call failed or timed out; the message says which and why."""
+
+
+def parse_job(line: str) -> dict[str, str]:
+    """The fields of one job from ``scontrol show job -o`` (one line per job)."""
+    fields: dict[str, str] = {}
+    keys = list(_KEY.finditer(line))
+    for i, m in enumerate(keys):
+        end = keys[i + 1].start() if i + 1 < len(keys) else len(line)
+        fields[m.group(1)] = line[m.end():end].strip()
+    return fields
+
+
+def timestamp(value: str) -> float | None:
+    """Epoch seconds of a Slurm time field (local time, ``2026-11-30T19:27:19``), None when
+    unset (``Unknown``, ``None``, ``N/A``)."""
+    try:
+        return datetime.fromisoformat(value).timestamp()
+    except ValueError:
+        return None
+
+
+class Scontrol:
+    """``scontrol`` with a timeout; ``env`` (e.g. SLURM_CONF) is added to the environment."""
+
+    def __init__(self, command: str = "scontrol", timeout_s: float = 5.0,
+                 env: Mapping[str, str] | None = None) -> None:
+        self.command = command
+        self.timeout_s = timeout_s
+        self.env = dict(env) if env else None
+
+    def run(self, args: Sequence[str]) -> str:
+        """scontrol's standard output for ``args``; :class:`SlurmError` when it fails."""
+        env = {**os.environ, **self.env} if self.env else None
+        try:
+            done = subprocess.run([self.command, *args], capture_output=True, text=True,
+                                  timeout=self.timeout_s, env=env, check=False)
+        except subprocess.TimeoutExpired:
+            raise SlurmError(f"scontrol {' '.join(args)}: no answer within "
+                             f"{self.timeout_s:g} s") from None
+        except OSError as exc:
+            raise SlurmError(f"scontrol {' '.join(args)}: {exc}") from None
+        if done.returncode != 0:
+            message = (done.stderr or done.stdout).strip()
+            raise SlurmError(f"scontrol {' '.join(args)}: {message}")
+        return done.stdout
+
+    def show_job(self, job_id: str) -> dict[str, str] | None:
+        """The job's fields, None when slurmctld no longer knows the job."""
+        try:
+            out = self.run(["show", "job", "-o", job_id])
+        except SlurmError as exc:
+            if "Invalid job id" in str(exc):
+                return None
+            raise
+        first = out.strip().splitlines()[:1]
+        return parse_job(first[0]) if first else None
+
+    def hostnames(self, nodelist: str) -> list[str]:
+        """A compressed node list (``gpu[01-03]``) expanded to host names."""
+        if not nodelist or nodelist == "(null)":
+            return []
+        return self.run(["show", "hostnames", nodelist]).split()

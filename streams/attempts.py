@@ -1,0 +1,160 @@
+"""What one failed attempt tells about the job's history: its root cause, how far it got, and
+which nodes the evidence blames.
+
+The policy with memory (``streams/memory.py``) compares these facts across a job's attempts: a
+root that recurs without progress will recur again, a job that gets further each time is worth
+another try, and a node named by GPU fault lines should not get the job back. Extracted from the
+window the worker already keeps (tail + first error block), with plain regular expressions so
+an operator can read why an attempt was fingerprinted the way it was.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from collections.abc import Iterable, Sequence
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from sibylla.inference.api import LogWindow, is_error_start
+from sibylla.inference.preprocess import mask
+
+__all__ = ["AttemptFacts", "blamed_nodes", "cause_line", "facts_of", "fingerprint", "progress_of",
+           "template"]
+
+# Lines that follow a failure elsewhere rather than cause it: a rank's watchdog timing out
+# because another rank died, the C++ runtime aborting on an exception already printed, a
+# launcher reporting a child's exit. They are the root only when nothing else was printed.
+_CASCADE = re.compile(
+    r"Watchdog caught collective|ProcessGroupNCCL|Timeout at NCCL work|terminate called after"
+    r"|DistBackendError|ChildFailedError|exited with (?:exit )?code|srun: error|slurmstepd: error"
+    r"|Traceback \(most recent call last\)|^\s*(?:\[rank\d+\]:)?\s*File \""
+)
+# Rank tags ("[rank3]:") and host tags ("gpu07:", "[node-12]:": a name with a digit, so that
+# an exception's class, "RuntimeError:", stays in the template).
+_PREFIX = re.compile(r"^\s*(?:\[rank\d+\]:\s*)+|^\s*\[?[A-Za-z][\w.-]*\d[\w.-]*\]?:\s+(?=\S)")
+
+# Progress: training loops print epochs, steps or iterations, and checkpoint saves.
+_EPOCH = re.compile(r"(?i)\bepoch[\s:=\[#]*(\d+)")
+_STEP = re.compile(r"(?i)\b(?:global[_ ]step|step|iter(?:ation)?|it)[\s:=\[#]*(\d+)"
+                   r"|\|\s*(\d+)/\d+\s*\[")  # tqdm: "410/1000 ["
+_CHECKPOINT = re.compile(r"(?i)\b(?:saved?|saving|wrote|writing)\b.{0,40}\bcheckpoint"
+                         r"|\bcheckpoint\b.{0,40}\b(?:saved|written)\b")
+
+# Hardware faults that name the broken machine (or GPU) in the line.
+_HARDWARE = re.compile(r"\bXid\b|\bECC\b|uncorrectable|GPU has fallen off the bus|"
+                       r"NODE FAILURE|unhealthy GPU|row remap", re.I)
+_HOST_TOKEN = re.compile(r"[A-Za-z][\w.-]*")
+
+
+@dataclass(frozen=True, slots=True)
+class AttemptFacts:
+    """One attempt of a job as the policy with memory remembers it (bounded size: no log)."""
+
+    attempt: int
+    fingerprint: str = ""
+    category: str = ""
+    progress: tuple[int, int, int] = (0, 0, 0)  # (epoch, step, checkpoints saved)
+    nodes: tuple[str, ...] = ()
+    blamed: tuple[str, ...] = ()
+    charged: bool = True  # counted against the job's retry budget
+    action: str = ""
+    rule: str = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        out = asdict(self)
+        for name in ("progress", "nodes", "blamed"):
+            out[name] = list(out[name])
+        return out
+
+    @classmethod
+    def from_dict(cls, raw: dict[str, Any]) -> AttemptFacts:
+        return cls(
+            attempt=int(raw["attempt"]), fingerprint=raw.get("fingerprint", ""),
+            category=raw.get("category", ""),
+            progress=tuple(raw.get("progress", (0, 0, 0)))[:3],  # type: ignore[arg-type]
+            nodes=tuple(raw.get("nodes", ())), blamed=tuple(raw.get("blamed", ())),
+            charged=bool(raw.get("charged", True)), action=raw.get("action", ""),
+            rule=raw.get("rule", ""))
+
+
+def _lines(window: LogWindow) -> list[str]:
+    return [*window.first_error, *window.tail]
+
+
+def cause_line(window: LogWindow) -> str:
+    """The line that reports the root cause: the first error line of the window that is not a
+    cascade (the first error block comes first: it was printed before the tail's teardown).
+    Falls back to the first cascade line, then to the last non-blank line."""
+    fallback = ""
+    for line in _lines(window):
+        if not is_error_start(line):
+            continue
+        if _CASCADE.search(line):
+            fallback = fallback or line
+            continue
+        return line
+    if fallback:
+        return fallback
+    return next((ln for ln in reversed(window.tail) if ln.strip()), "")
+
+
+def template(line: str) -> str:
+    """The cause line with job-specific values masked and rank/host tags dropped, so the same
+    error of another rank, step or run has the same template."""
+    return " ".join(mask(_PREFIX.sub("", line)).split())
+
+
+def fingerprint(category: str, line: str) -> str:
+    """A short stable id of a root cause: category plus the masked template of its line."""
+    digest = hashlib.sha256(f"{category}\x00{template(line)}".encode()).hexdigest()
+    return digest[:16]
+
+
+def progress_of(lines: Iterable[str]) -> tuple[int, int, int]:
+    """(highest epoch, highest step, checkpoints saved) printed in ``lines``."""
+    epoch = step = saved = 0
+    for line in lines:
+        for m in _EPOCH.finditer(line):
+            epoch = max(epoch, int(m.group(1)))
+        for m in _STEP.finditer(line):
+            step = max(step, int(m.group(1) or m.group(2)))
+        if _CHECKPOINT.search(line):
+            saved += 1
+    return epoch, step, saved
+
+
+def blamed_nodes(lines: Iterable[str], nodes: Sequence[str], state: str | None) -> tuple[str, ...]:
+    """Nodes the evidence blames. A node failure blames every node of the attempt (the
+    scheduler does not say which one failed; on a one-node job that is exact). A hardware fault
+    line (Xid, ECC, fallen off the bus) blames the attempt's nodes it names, or the only node
+    of a one-node attempt when it names none."""
+    if state == "NODE_FAIL":
+        return tuple(nodes)
+    known = set(nodes)
+    blamed: list[str] = []
+    unnamed = False
+    for line in lines:
+        if not _HARDWARE.search(line):
+            continue
+        named = [t for t in _HOST_TOKEN.findall(line) if t in known]
+        if not named:
+            unnamed = True
+        blamed += [n for n in named if n not in blamed]
+    if not blamed and unnamed and len(nodes) == 1:
+        return (nodes[0],)
+    return tuple(blamed)
+
+
+def facts_of(attempt: int, window: LogWindow, category: str, nodes: Sequence[str],
+             state: str | None) -> AttemptFacts:
+    """The facts of a failed attempt (no fingerprint for an attempt that printed nothing)."""
+    lines = _lines(window)
+    return AttemptFacts(
+        attempt=attempt,
+        fingerprint="" if window.empty else fingerprint(category, cause_line(window)),
+        category=category,
+        progress=progress_of(window.tail),
+        nodes=tuple(nodes),
+        blamed=blamed_nodes(lines, nodes, state),
+    )

@@ -1,0 +1,136 @@
+"""The shipped rsyslog config (deploy/rsyslog) tails Slurm output files into sibylla.logs, and a
+worker decides on what it shipped. Also pins down which brokers Debian's librdkafka 2.0.2
+(rsyslog's omkafka, syslog-ng, kcat) can talk to. Skipped only where rsyslog's Kafka module or
+kcat is missing (``.ci/run`` installs them)."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from aiokafka import AIOKafkaConsumer
+
+from sibylla.schemas.records import JobEvent, parse_log_record
+from sibylla.settings import Settings
+from sibylla.streams.keys import partition_of
+from sibylla.streams.ship import Shipper
+from tests.integration.fixtures import (
+    NONDETERMINISTIC_LOG,
+    collect_decisions,
+    make_settings,
+    only_brokers,
+    start_worker,
+)
+
+ROOT = Path(__file__).resolve().parents[2]
+CONFIG = ROOT / "deploy" / "rsyslog" / "sibylla-slurm.conf"
+OMKAFKA = Path("/usr/lib/x86_64-linux-gnu/rsyslog/omkafka.so")
+
+pytestmark = pytest.mark.integration
+
+needs_rsyslog = pytest.mark.skipif(
+    shutil.which("rsyslogd") is None or not OMKAFKA.exists(),
+    reason="rsyslog with omkafka is not installed (apt-get install rsyslog rsyslog-kafka)")
+needs_kcat = pytest.mark.skipif(shutil.which("kcat") is None,
+                                reason="kcat is not installed (apt-get install kcat)")
+
+
+@pytest.fixture
+def rsyslogd(tmp_path: Path, unique_prefix: str, broker: object
+             ) -> Iterator[tuple[Path, Settings]]:
+    """rsyslogd with the shipped config, tailing ``<tmp>/out/*.out``; its settings."""
+    settings = make_settings(broker.bootstrap_servers,  # type: ignore[attr-defined]
+                             unique_prefix, tmp_path)
+    out, work = tmp_path / "out", tmp_path / "rsyslog"
+    out.mkdir()
+    work.mkdir()
+    env = {**os.environ, "SIBYLLA_BOOTSTRAP_SERVERS": settings.bootstrap_servers,
+           "SIBYLLA_TOPIC": settings.topic("logs"), "SIBYLLA_OUTPUT_GLOB": f"{out}/*.out",
+           "SIBYLLA_WORK_DIR": str(work)}
+    check = subprocess.run(["rsyslogd", "-N1", "-f", str(CONFIG)], env=env,
+                           capture_output=True, text=True, check=False)
+    assert check.returncode == 0, check.stderr
+    log = open(tmp_path / "rsyslogd.log", "ab")  # noqa: SIM115
+    proc = subprocess.Popen(["rsyslogd", "-n", "-f", str(CONFIG), "-i", str(work / "pid")],
+                            env=env, stdout=log, stderr=subprocess.STDOUT)
+    try:
+        yield out, settings
+    finally:
+        proc.terminate()
+        proc.wait(15)
+        log.close()
+
+
+async def _records(settings: Settings, expected: int, timeout_s: float = 60.0) -> list:
+    consumer = AIOKafkaConsumer(settings.topic("logs"),
+                                bootstrap_servers=settings.bootstrap_servers,
+                                auto_offset_reset="earliest", enable_auto_commit=False)
+    await consumer.start()
+    found: list = []
+    deadline = time.monotonic() + timeout_s
+    try:
+        while len(found) < expected and time.monotonic() < deadline:
+            for records in (await consumer.getmany(timeout_ms=500)).values():
+                found += records
+    finally:
+        await consumer.stop()
+    return found
+
+
+@needs_rsyslog
+@only_brokers("kafka")
+def test_rsyslog_ships_slurm_output_files_to_the_jobs_partition_and_the_worker_decides(
+        rsyslogd: tuple[Path, Settings], tmp_path: Path) -> None:
+    out, settings = rsyslogd
+    worker = start_worker(settings, tmp_path)
+    try:
+        time.sleep(1.0)  # imfile watches the glob from its start: files appear after it
+        jobs = {str(job_id): f"train-{job_id}.out" for job_id in (1001, 1002, 1003, 1004)}
+        for name in jobs.values():
+            (out / name).write_text(NONDETERMINISTIC_LOG + "\n")
+        (out / "train-1001.1.out").write_text("Epoch 4: resumed\n")  # attempt 1, by name
+        (out / "notes.out").write_text("no job id in this name: not shipped\n")
+        lines = len(NONDETERMINISTIC_LOG.splitlines())
+        records = asyncio.run(_records(settings, lines * len(jobs) + 1))
+        assert len(records) == lines * len(jobs) + 1
+        by_attempt: dict[tuple[str, int], list[str]] = {}
+        for r in records:
+            chunk = parse_log_record(r.value, settings.max_line_bytes)
+            assert r.key == chunk.job_id.encode()
+            # murmur2, as Java's client and aiokafka: the job's events land on this partition.
+            assert r.partition == partition_of(chunk.job_id, settings.partitions)
+            by_attempt.setdefault((chunk.job_id, chunk.attempt), []).extend(chunk.lines)
+        assert by_attempt[("1001", 0)] == NONDETERMINISTIC_LOG.splitlines()
+        assert by_attempt[("1001", 1)] == ["Epoch 4: resumed"]
+
+        async def finish() -> list:
+            async with Shipper(settings) as shipper:
+                await shipper.send_event(JobEvent("1002", 0, "finished", "FAILED", 1))
+                await shipper.flush()
+            return await collect_decisions(settings, {"1002"}, timeout_s=60)
+
+        decisions = asyncio.run(finish())
+        assert [(d.job_id, d.line_count, d.verdict) for d in decisions] == [
+            ("1002", lines, "nondeterministic")]
+    finally:
+        worker.stop()
+
+
+@needs_kcat
+def test_debians_librdkafka_talks_to_apache_kafka_but_not_to_tansu(broker: object) -> None:
+    """librdkafka 2.0.2 fails Tansu 0.6.0's ApiVersions answer ("Read underflow"): shippers
+    built on it (rsyslog, syslog-ng, kcat) need Apache Kafka (README: Shippers)."""
+    done = subprocess.run(["kcat", "-b", broker.bootstrap_servers,  # type: ignore[attr-defined]
+                           "-L", "-m", "5"], capture_output=True, text=True, timeout=30,
+                          check=False)
+    if broker.name == "tansu":  # type: ignore[attr-defined]
+        assert done.returncode != 0 and "Read underflow" in done.stderr
+    else:
+        assert done.returncode == 0, done.stderr
+        assert "broker" in done.stdout

@@ -1,0 +1,93 @@
+"""What the actuator does to a job for each decision, given the job as slurmctld shows it."""
+
+from __future__ import annotations
+
+import dataclasses
+import io
+
+import orjson
+import pytest
+
+from sibylla.scheduler.actuator import Actuator, plan
+from sibylla.scheduler.scontrol import Scontrol
+from sibylla.schemas.records import Decision
+from sibylla.settings import Settings
+
+SETTINGS = Settings.from_env({})
+NOW = 1_800_000_000.0
+
+
+def _decision(action: str, attempt: int = 0, state: str = "FAILED", **fields: object
+              ) -> Decision:
+    d = Decision("42", attempt, "nondeterministic", 0.99, "collective_timeout",
+                 action, [], [], "m", NOW, 5.0, state=state)  # type: ignore[arg-type]
+    return dataclasses.replace(d, **fields)  # type: ignore[arg-type]
+
+
+def _job(state: str = "FAILED", restarts: int = 0, **fields: str) -> dict[str, str]:
+    return {"JobId": "42", "JobState": state, "Restarts": str(restarts), "Reason": "None",
+            "ExcNodeList": "(null)", "EndTime": "2000-01-01T00:00:00", **fields}
+
+
+def test_retry_requeues_a_failed_job_and_lets_it_start_now() -> None:
+    assert plan(_decision("retry"), _job(), SETTINGS).commands == [
+        ["requeue", "42"], ["update", "jobid=42", "StartTime=now"]]
+
+
+def test_retry_elsewhere_adds_the_nodes_to_the_exclusion_list() -> None:
+    d = _decision("retry_elsewhere", avoid_nodes=["gpu07"], exclude_nodes=["gpu03", "gpu07"])
+    assert plan(d, _job(ExcNodeList="gpu01,gpu03"), SETTINGS).commands == [
+        ["requeue", "42"],
+        ["update", "jobid=42", "StartTime=now", "ExcNodeList=gpu01,gpu03,gpu07"]]
+
+
+def test_do_not_retry_leaves_the_job_failed_or_holds_it_for_a_human() -> None:
+    left = plan(_decision("do_not_retry"), _job(), SETTINGS)
+    assert left.commands == [] and "stays failed" in left.why
+    held = dataclasses.replace(SETTINGS, slurm_do_not_retry="requeuehold")
+    assert plan(_decision("do_not_retry"), _job(), held).commands == [["requeuehold", "42"]]
+
+
+@pytest.mark.parametrize("restarts, requeued", [(0, True), (1, False)])
+def test_default_policy_requeues_up_to_the_site_limit(restarts: int, requeued: bool) -> None:
+    got = plan(_decision("default_policy", attempt=restarts), _job(restarts=restarts),
+               SETTINGS)  # slurm_default_retries = 1
+    assert bool(got.commands) is requeued
+
+
+def test_a_replayed_decision_does_nothing_once_the_job_moved_on() -> None:
+    for job in (_job("PENDING", 1), _job("RUNNING", 1), _job("COMPLETED", 1),
+                _job("FAILED", 2)):
+        got = plan(_decision("retry"), job, SETTINGS)
+        assert got.commands == [] and "already handled" in got.why
+
+
+def test_a_job_slurm_requeued_after_a_node_failure_is_kept_off_the_node() -> None:
+    d = _decision("retry_elsewhere", state="NODE_FAIL", exclude_nodes=["node1"])
+    pending = _job("PENDING", 1, Reason="BeginTime")
+    assert plan(d, pending, SETTINGS).commands == [
+        ["update", "jobid=42", "StartTime=now", "ExcNodeList=node1"]]
+    done = plan(d, _job("PENDING", 1, Reason="Priority", ExcNodeList="node1"), SETTINGS)
+    assert done.commands == [] and "already applied" in done.why
+    stop = _decision("do_not_retry", state="NODE_FAIL")
+    assert plan(stop, pending, SETTINGS).commands == [["hold", "42"]]
+
+
+def test_a_decision_older_than_the_attempt_it_names_is_ignored() -> None:
+    got = plan(_decision("retry"), _job(EndTime="2030-01-01T00:00:00"), SETTINGS)
+    assert got.commands == [] and "predates" in got.why
+
+
+def test_an_unknown_job_is_skipped() -> None:
+    assert "does not know" in plan(_decision("retry"), None, SETTINGS).why
+
+
+def test_when_scontrol_keeps_failing_the_decision_is_reported_failed_after_retries() -> None:
+    waits: list[float] = []
+    audit = io.BytesIO()
+    actuator = Actuator(SETTINGS, Scontrol("false", 5.0), audit, sleep=waits.append)
+    record = actuator.apply(_decision("retry"))
+    assert (record["outcome"], record["tries"]) == ("failed", 3)
+    assert "scontrol show job -o 42" in record["why"]
+    assert waits == [1.0, 2.0]
+    assert orjson.loads(audit.getvalue())["outcome"] == "failed"

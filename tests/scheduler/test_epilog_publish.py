@@ -1,0 +1,69 @@
+"""``sibylla slurm epilog`` run the way slurmctld runs it (a process with SLURM_JOB_* variables),
+against a real broker: what it publishes for each attempt of an appended output file, and that
+it still publishes when scontrol does not answer."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import orjson
+import pytest
+
+from sibylla.schemas.records import parse_log_record
+from sibylla.settings import Settings
+from sibylla.streams.topics import ensure_topics
+from tests.integration.fixtures import make_settings, read_all
+
+pytestmark = pytest.mark.integration
+
+
+def _epilog(settings: Settings, tmp_path: Path, attempt: int, exit_code2: str
+            ) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, **settings.to_env(),
+           # scontrol is not there (a controller under load, a broken PATH): `false` fails.
+           "SIBYLLA_SLURM_SCONTROL": "false",
+           "SIBYLLA_SLURM_EPILOG_STATE_DIR": str(tmp_path / "state"),
+           "SLURM_JOB_ID": "9001", "SLURM_JOB_RESTART_COUNT": str(attempt),
+           "SLURM_JOB_EXIT_CODE2": exit_code2, "SLURM_JOB_NODELIST": "gpu01,gpu02",
+           "SLURM_JOB_NAME": "train", "SLURM_JOB_WORK_DIR": str(tmp_path),
+           "SLURM_JOB_STDOUT": "out/%x-%j.out"}
+    return subprocess.run([sys.executable, "-m", "sibylla", "slurm", "epilog"], env=env,
+                          capture_output=True, text=True, timeout=60, check=False)
+
+
+def test_each_attempt_of_an_appended_output_is_published_once_with_its_event(
+        broker: object, unique_prefix: str, tmp_path: Path) -> None:
+    settings = make_settings(broker.bootstrap_servers,  # type: ignore[attr-defined]
+                             unique_prefix, tmp_path)
+    asyncio.run(ensure_topics(settings))
+    output = tmp_path / "out" / "train-9001.out"
+    output.parent.mkdir()
+    output.write_text("epoch 1\nRuntimeError: NCCL error: unhandled system error\n")
+    first = _epilog(settings, tmp_path, 0, "1:0")
+    assert first.returncode == 0, first.stderr
+    assert "job 9001 attempt 0 FAILED (exit 1:0) on gpu01,gpu02: 2 lines shipped" in first.stderr
+    with output.open("a") as f:  # --open-mode=append: the requeued attempt appends
+        f.write("epoch 1\nepoch 2\nKeyError: 'lr'\n")
+    second = _epilog(settings, tmp_path, 1, "2:0")
+    assert second.returncode == 0, second.stderr
+
+    logs = asyncio.run(read_all(settings, "logs", idle_s=2.0))
+    chunks = [parse_log_record(orjson.dumps(r), settings.max_line_bytes) for r in logs]
+    assert [(c.attempt, c.lines, c.eos) for c in chunks] == [
+        (0, ["epoch 1", "RuntimeError: NCCL error: unhandled system error"], True),
+        (1, ["epoch 1", "epoch 2", "KeyError: 'lr'"], True)]
+    events = asyncio.run(read_all(settings, "job-events", idle_s=2.0))
+    assert [(e["attempt"], e["state"], e["exit_code"], e["nodes"]) for e in events] == [
+        (0, "FAILED", 1, ["gpu01", "gpu02"]), (1, "FAILED", 2, ["gpu01", "gpu02"])]
+
+
+def test_without_a_broker_the_epilog_gives_up_within_its_bound(tmp_path: Path) -> None:
+    settings = Settings.from_env({}, bootstrap_servers="127.0.0.1:9",  # nothing listens
+                                 slurm_epilog_timeout_s=2.0)
+    done = _epilog(settings, tmp_path, 0, "1:0")
+    assert done.returncode == 1
+    assert "sibylla epilog: job 9001: not published" in done.stderr

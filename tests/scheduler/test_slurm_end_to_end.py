@@ -1,0 +1,241 @@
+"""The loop closed on a real Slurm cluster: slurmctld's epilog publishes each attempt, a real
+worker decides with the shipped model, and the actuator requeues, excludes nodes or leaves the
+job failed. Skipped only where Slurm's binaries are missing (``.ci/run`` installs them)."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import io
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import orjson
+import pytest
+
+from sibylla.scheduler.actuator import Actuator
+from sibylla.schemas.records import Decision
+from sibylla.settings import Settings
+from tests.integration.fixtures import (
+    NONDETERMINISTIC_LOG,
+    make_settings,
+    read_all,
+    start_worker,
+)
+from tests.scheduler.slurm_cluster import SlurmCluster, missing_binaries
+
+pytestmark = [
+    pytest.mark.integration, pytest.mark.slow,
+    pytest.mark.skipif(bool(missing_binaries()),
+                       reason="Slurm is not installed (apt-get install slurm-wlm munge; "
+                              f"missing: {', '.join(missing_binaries())})"),
+]
+
+IMPORT_ERROR_LOG = """\
+2026-11-30 10:00:01,123 INFO Starting training: model=resnet50 world_size=1 batch_size=256
+Traceback (most recent call last):
+  File "/home/alice/project/train.py", line 12, in <module>
+    from apex import amp
+ModuleNotFoundError: No module named 'apex'"""
+
+PROGRESS_LOG = """\
+2026-11-30 10:00:01,123 INFO Starting training: model=gpt-small world_size=1 batch_size=32
+Epoch 1: 10%|█         | 100/1000 [01:01<09:18, 1.6s/it, loss=3.02]"""
+
+
+def _print(text: str) -> str:
+    return "cat <<'EOF'\n" + text + "\nEOF\n"
+
+
+def _fails_once(marker: Path, first: str, then: str) -> str:
+    """A job script that runs the shell lines ``first`` and fails on its first run, and on
+    later runs ``then`` and succeeds (the marker file remembers the first run)."""
+    return f"if [ ! -e {marker} ]; then\n  touch {marker}\n{first}  exit 1\nfi\n{then}"
+
+
+def _finished(job: dict[str, str]) -> bool:
+    return job["JobState"] in ("COMPLETED", "FAILED")
+
+
+class ActuatorProcess:
+    """``sibylla slurm actuator`` as a child process with its audit file."""
+
+    def __init__(self, settings: Settings, cluster: SlurmCluster, audit: Path) -> None:
+        self.audit = audit
+        env = {**os.environ, **settings.to_env(), "SLURM_CONF": str(cluster.conf),
+               "SIBYLLA_SLURM_AUDIT_FILE": str(audit)}
+        self.log = open(audit.with_suffix(".log"), "ab")  # noqa: SIM115
+        self.proc = subprocess.Popen([sys.executable, "-m", "sibylla", "slurm", "actuator"],
+                                     stdout=self.log, stderr=subprocess.STDOUT, env=env,
+                                     stdin=subprocess.DEVNULL)
+
+    def lines(self) -> list[dict[str, object]]:
+        if not self.audit.exists():
+            return []
+        return [orjson.loads(line) for line in self.audit.read_bytes().splitlines()]
+
+    def wait_lines(self, count: int, timeout_s: float = 60.0) -> list[dict[str, object]]:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline and len(self.lines()) < count:
+            time.sleep(0.3)
+        return self.lines()
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        try:
+            self.proc.wait(15)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+        self.log.close()
+
+
+@pytest.fixture(scope="session")
+def cluster() -> Iterator[SlurmCluster]:
+    slurm = SlurmCluster().start()
+    try:
+        yield slurm
+    finally:
+        slurm.stop()
+
+
+def _decisions(settings: Settings) -> dict[tuple[str, int], Decision]:
+    records = asyncio.run(read_all(settings, "decisions", idle_s=2.0))
+    return {(r["job_id"], r["attempt"]): Decision.from_json(orjson.dumps(r)) for r in records}
+
+
+def test_slurm_jobs_are_stopped_requeued_or_sent_elsewhere_by_their_decisions(
+        broker: object, cluster: SlurmCluster, unique_prefix: str, workdir: Path) -> None:
+    settings = make_settings(broker.bootstrap_servers, unique_prefix,  # type: ignore[attr-defined]
+                             workdir, slurm_epilog_state_dir=cluster.root / "epilog-state")
+    cluster.configure_epilog(settings.to_env())
+    worker = start_worker(settings, workdir)
+    actuator = ActuatorProcess(settings, cluster, workdir / "audit.jsonl")
+    try:
+        marks = cluster.root / "marks" / unique_prefix  # the cluster outlives the test
+        marks.mkdir(parents=True)
+        imp = cluster.sbatch(_print(IMPORT_ERROR_LOG) + "exit 1\n", "imp")
+        nccl = cluster.sbatch(_fails_once(marks / "nccl", _print(NONDETERMINISTIC_LOG),
+                                          "echo 'training finished, final loss=1.91'\n"),
+                              "nccl")
+        same = cluster.sbatch(_print(NONDETERMINISTIC_LOG) + "exit 1\n", "same")
+
+        # An import error is deterministic: the job stays failed after its first attempt.
+        job = cluster.wait_job(imp, lambda j: j["JobState"] == "FAILED")
+        # A transient NCCL failure is requeued and completes on its second attempt.
+        job = cluster.wait_job(nccl, lambda j: j["JobState"] == "COMPLETED")
+        assert job["Restarts"] == "1"
+        # The same transient-looking root recurring without progress stops the job (on its
+        # third attempt: policy_max_recurrence_transient).
+        job = cluster.wait_job(same, lambda j: _finished(j) and j["Restarts"] == "2")
+        assert job["JobState"] == "FAILED"
+
+        # A node failure: the job is requeued with the failed node excluded and completes on
+        # the other node.
+        node = cluster.sbatch(_fails_once(marks / "node", _print(PROGRESS_LOG) + "sleep 300\n",
+                                          "echo 'resumed from checkpoint, done'\n"), "node")
+        job = cluster.wait_job(node, lambda j: j["JobState"] == "RUNNING")
+        output = cluster.root / "out" / f"node-{node}.out"
+        deadline = time.monotonic() + 60  # the first run has marked itself and printed
+        while "Epoch 1" not in (output.read_text() if output.exists() else ""):
+            assert time.monotonic() < deadline, cluster.logs()
+            time.sleep(0.2)
+        failed_node = job["NodeList"]
+        cluster.scontrol.run(["update", f"nodename={failed_node}", "state=down",
+                              "reason=sibylla-test"])
+        job = cluster.wait_job(node, lambda j: j["JobState"] == "COMPLETED")
+        assert job["Restarts"] == "1"
+        assert job["ExcNodeList"] == failed_node
+        assert job["NodeList"] != failed_node
+
+        decided = _decisions(settings)
+        assert decided[(imp, 0)].action == "do_not_retry"
+        assert decided[(imp, 0)].category == "import_error"
+        assert decided[(nccl, 0)].action in ("retry", "retry_elsewhere")
+        assert decided[(same, 0)].action in ("retry", "retry_elsewhere")
+        assert decided[(same, 1)].action in ("retry", "retry_elsewhere")
+        last = decided[(same, 2)]
+        assert (last.action, last.rule, last.recurrence, last.progressed) == (
+            "do_not_retry", "same_root_recurred", 3, False)
+        assert last.fingerprint == decided[(same, 0)].fingerprint
+        node_decision = decided[(node, 0)]
+        assert (node_decision.state, node_decision.action, node_decision.rule) == (
+            "NODE_FAIL", "retry_elsewhere", "not_job_fault")
+        assert node_decision.exclude_nodes == [failed_node]
+        assert (nccl, 1) not in decided  # a completed attempt needs no decision
+
+        applied = {(a["job_id"], a["attempt"]): a for a in actuator.wait_lines(len(decided))}
+        assert applied[(imp, 0)]["outcome"] == "skipped"
+        assert applied[(nccl, 0)]["outcome"] == "applied"
+        assert applied[(same, 2)]["outcome"] == "skipped"
+        assert applied[(node, 0)]["commands"][0][1] == "update"  # slurmctld requeued it
+
+        # The failed node is blamed: in the worker's metric and in `sibylla nodes`.
+        assert (f'sibylla_node_blames_total{{node="{failed_node}"}} 1.0'
+                in worker.metrics_text())
+        listed = subprocess.run([sys.executable, "-m", "sibylla", "nodes", "--all", "--json"],
+                                env={**os.environ, **settings.to_env()}, capture_output=True,
+                                check=True).stdout
+        rows = [orjson.loads(line) for line in listed.splitlines()]
+        assert [(r["node"], r["jobs"], r["suspect"]) for r in rows] == [(failed_node, 1, False)]
+    finally:
+        actuator.stop()
+        worker.stop()
+        cluster.resume_nodes()
+
+    # A restarted actuator with a fresh group replays every decision and changes nothing.
+    replay_settings = make_settings(broker.bootstrap_servers,  # type: ignore[attr-defined]
+                                    unique_prefix, workdir,
+                                    slurm_actuator_group=unique_prefix + "replay")
+    replay = ActuatorProcess(replay_settings, cluster, workdir / "replay.jsonl")
+    try:
+        lines = replay.wait_lines(len(decided))
+    finally:
+        replay.stop()
+    assert len(lines) == len(decided)
+    assert {line["outcome"] for line in lines} == {"skipped"}
+    assert cluster.job(nccl)["Restarts"] == "1"
+
+
+def test_the_actuator_in_dry_run_changes_nothing_and_a_replay_acts_once(
+        cluster: SlurmCluster, tmp_path: Path) -> None:
+    cluster.configure_epilog({})  # no broker: the epilog fails fast, the job is untouched
+    job_id = cluster.sbatch(_print(NONDETERMINISTIC_LOG) + "exit 1\n", "dry")
+    cluster.wait_job(job_id, lambda j: j["JobState"] == "FAILED")
+    decision = Decision(job_id, 0, "nondeterministic", 0.99, "collective_timeout", "retry", [],
+                        [], "m", time.time(), 1.0, state="FAILED")
+    audit = io.BytesIO()
+    base = Settings.from_env({}, slurm_mode="dry-run")
+    scontrol = cluster.scontrol
+
+    record = Actuator(base, scontrol, audit).apply(decision)
+    assert record["outcome"] == "dry-run"
+    assert record["commands"][0] == ["scontrol", "requeue", job_id]
+    assert cluster.job(job_id)["Restarts"] == "0"
+
+    applying = Actuator(dataclasses.replace(base, slurm_mode="apply"), scontrol, audit)
+    assert applying.apply(decision)["outcome"] == "applied"
+    assert applying.apply(decision)["outcome"] == "skipped"  # replayed: nothing twice
+    assert cluster.job(job_id)["Restarts"] == "1"
+    assert [orjson.loads(line)["outcome"] for line in audit.getvalue().splitlines()] == [
+        "dry-run", "applied", "skipped"]
+    cluster.wait_job(job_id, lambda j: j["JobState"] == "FAILED" and j["Restarts"] == "1")
+
+
+def test_do_not_retry_can_hold_the_job_for_a_human(cluster: SlurmCluster) -> None:
+    cluster.configure_epilog({})
+    job_id = cluster.sbatch(_print(IMPORT_ERROR_LOG) + "exit 1\n", "held")
+    cluster.wait_job(job_id, lambda j: j["JobState"] == "FAILED")
+    decision = Decision(job_id, 0, "deterministic", 0.99, "import_error", "do_not_retry", [],
+                        [], "m", time.time(), 1.0, state="FAILED")
+    settings = Settings.from_env({}, slurm_do_not_retry="requeuehold")
+    actuator = Actuator(settings, cluster.scontrol, io.BytesIO())
+    assert actuator.apply(decision)["outcome"] == "applied"
+    job = cluster.wait_job(job_id, lambda j: j["JobState"] == "PENDING")
+    assert job["Restarts"] == "1" and "held" in job["Reason"].lower()  # requeued held
+    assert actuator.apply(decision)["outcome"] == "skipped"  # replayed: held once
+    subprocess.run(["scancel", job_id], env=cluster.env, check=True)  # the human's call
