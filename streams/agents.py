@@ -30,6 +30,7 @@ import logging
 import os
 import time
 import weakref
+from collections import defaultdict, deque
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any, TypeVar
 
@@ -79,6 +80,12 @@ EVENTS_WITHIN_S = 0.01
 SWEEP_EVERY_S = 30.0
 REQUEST_RETRY_S = 10.0  # re-request a decision not made within this (e.g. after a crash)
 CATCH_UP_LIMIT_S = 30.0  # longest wait past the grace period for ingest to catch up
+# A decided attempt's window is freed this long after the decision, not at once. The table
+# writes of a decision reach their changelogs independently; a worker killed in between could
+# leave its successor the window's deletion without the decided mark, and that successor
+# decided the attempt again on an empty window (seen in the fault campaign). Several commit
+# intervals later (each commit flushes the producer) the decided mark is durable.
+RELEASE_AFTER_S = 5.0
 
 
 def _decide_request_key(value: bytes | None) -> str:
@@ -121,6 +128,10 @@ class Pipeline:
         # Each job's earlier attempts, for the policy with memory.
         self.memory = AttemptMemory(topology.history, s, self.metrics)
         self._windows_swept: dict[int, float] = {}  # partition -> last TTL sweep
+        # partition -> (when, attempt key) of decided windows to free (RELEASE_AFTER_S)
+        self._to_release: dict[int, deque[tuple[float, str]]] = defaultdict(deque)
+        # partition -> an event of it, whose context the timer borrows to free those windows
+        self._context_event: dict[int, Any] = {}
         self._decisions_swept: dict[int, float] = {}
         self.gaps = GapFiller(s, topology.offsets)
         self._assigned_at: dict[int, float] = {}  # partition -> when this worker got it
@@ -158,7 +169,7 @@ class Pipeline:
                 continue
             self.cache.forget(tp.partition)
             for per_partition in (self._ingested, self._windows_swept, self._decisions_swept,
-                                  self._assigned_at):
+                                  self._assigned_at, self._to_release, self._context_event):
                 per_partition.pop(tp.partition, None)
             for key in [k for k in self._requested
                         if partition_of(split_key(k)[0], partitions) == tp.partition]:
@@ -297,17 +308,28 @@ class Pipeline:
         m.records.inc(records)
         if late:
             m.late_lines.inc(late)
+        self.in_event(events[-1])
+        self._release_decided(partition, now)
         if now - self._windows_swept.get(partition, 0.0) > SWEEP_EVERY_S:
             self._windows_swept[partition] = now
-            self.in_event(events[-1])
             self._expire_windows(partition, now)
             m.window_bytes.set(cache.text_bytes())  # O(windows): with the sweep, not per batch
 
+    def _release_decided(self, partition: int, now: float) -> None:
+        """Free the windows of attempts decided at least RELEASE_AFTER_S ago."""
+        due = self._to_release.get(partition)
+        while due and due[0][0] <= now:
+            self._release(partition, due.popleft()[1])
+
     def _expire_windows(self, partition: int, now: float) -> None:
-        """Drop windows of attempts silent for longer than the TTL (no termination came)."""
+        """Drop windows of attempts silent for longer than the TTL (no termination came), and
+        of decided attempts whose release was forgotten (a restart, a rebalance)."""
         horizon = now - self.settings.window_ttl_s
         for key, window in self.cache.items(partition):
-            if window.last_seen < horizon and live_get(self.t.pending, key) is None:
+            decided = live_get(self.t.decided, key) is not None
+            if decided and window.last_seen < now - RELEASE_AFTER_S:
+                self._release(partition, key)
+            elif window.last_seen < horizon and live_get(self.t.pending, key) is None:
                 self.store.delete(key, self.cache.pop(partition, key))
                 self.metrics.expired_windows.inc()
 
@@ -383,10 +405,16 @@ class Pipeline:
         self.store.delete(key, self.cache.pop(partition, key))
 
     async def _request_due_decisions(self) -> None:
-        """Ask for the decisions whose grace period is over (also after a restart)."""
+        """Ask for the decisions whose grace period is over (also after a restart); free the
+        windows of attempts decided RELEASE_AFTER_S ago (an idle partition has no batch
+        that would)."""
         app = self.t.app
         if app.rebalancing:
             return
+        for partition, due in list(self._to_release.items()):
+            if due and due[0][0] <= time.time() and partition in self._context_event:
+                self.in_event(self._context_event[partition])
+                self._release_decided(partition, time.time())
         assigned = app.assignor.assigned_actives()
         topic = self.t.job_events.get_topic_name()
         now, mono = time.time(), time.monotonic()
@@ -455,9 +483,10 @@ class Pipeline:
                           else LogWindow(job.job_id, job.attempt, []))
             todo[key] = (event, job, pending["event_time"], log_window)
         now = time.time()
+        self.in_event(events[-1])
+        self._release_decided(partition, now)
         if now - self._decisions_swept.get(partition, 0.0) > SWEEP_EVERY_S:
             self._decisions_swept[partition] = now
-            self.in_event(events[-1])
             self._expire_decisions(partition, now)
         if not todo:
             return
@@ -488,7 +517,8 @@ class Pipeline:
             self.t.decided[key] = value
             self.t.latest[job.job_id] = str(job.attempt).encode()
             del self.t.pending[key]
-            self._release(partition, key)
+            self._to_release[partition].append((time.time() + RELEASE_AFTER_S, key))
+            self._context_event[partition] = event
             self._requested.pop(key, None)
             self.metrics.decisions.labels(verdict=decision.verdict, action=decision.action).inc()
             if decision.explored:
