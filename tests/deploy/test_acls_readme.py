@@ -40,7 +40,8 @@ def test_every_grant_is_in_the_readme_table_and_every_row_is_a_grant() -> None:
 
 def test_sibylla_acls_prints_the_kafka_acls_commands_of_the_named_principals(
         capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["acls", "--shipper", "fluentbit", "--topic-prefix", "prod."]) == 0
+    assert main(["acls", "--shipper", "fluentbit", "--topic-prefix", "prod.",
+                 "--bootstrap-servers", ""]) == 0
     lines = capsys.readouterr().out.splitlines()
     assert lines == ["kafka-acls.sh --bootstrap-server $BOOT --command-config $ADMIN_CONFIG "
                      "--add --allow-principal User:fluentbit --operation Write --topic "
