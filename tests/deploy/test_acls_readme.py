@@ -1,11 +1,15 @@
-"""The README's ACL table says what ``sibylla/brokers/acls.py`` grants: no more, no less."""
+"""The README's ACL table says what ``sibylla/brokers/acls.py`` grants, no more, no less;
+``sibylla acls`` prints them for the principals it is given."""
 
 from __future__ import annotations
 
 import re
 from pathlib import Path
 
+import pytest
+
 from sibylla.brokers.acls import GRANTS, bindings
+from sibylla.cli import main
 from sibylla.settings import Settings
 
 README = Path(__file__).resolve().parents[2] / "README.md"
@@ -32,3 +36,14 @@ def test_every_grant_is_in_the_readme_table_and_every_row_is_a_grant() -> None:
     granted = {(b.principal, b.resource, b.name, b.prefixed, b.operation)
                for b in bindings(settings, users)}
     assert documented == granted
+
+
+def test_sibylla_acls_prints_the_kafka_acls_commands_of_the_named_principals(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["acls", "--shipper", "fluentbit", "--topic-prefix", "prod.",
+                 "--bootstrap-servers", ""]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines == ["kafka-acls.sh --bootstrap-server $BOOT --command-config $ADMIN_CONFIG "
+                     "--add --allow-principal User:fluentbit --operation Write --topic "
+                     "prod.logs"]
+    assert main(["acls"]) == 2  # no principal named: a clear error, not an empty ACL set
