@@ -28,6 +28,7 @@ from typing import Any
 import pytest
 
 from sibylla.online_learning.announce import announcement
+from sibylla.online_learning.signing import generate_key_pair, load_private_key
 from sibylla.schemas.records import Decision, JobEvent
 from sibylla.settings import Settings
 from sibylla.streams.launch import WorkerProcess
@@ -53,7 +54,7 @@ FAILED_JOBS = {
     "job-shape": (DETERMINISTIC_LOG + "\n" + HOSTILE_LINE, "FAILED", ("gpu-a01",)),
     "job-nccl": (NONDETERMINISTIC_LOG, "FAILED", ("gpu-b07", "gpu-b08")),
     "job-node": (NONDETERMINISTIC_LOG, "NODE_FAIL", ("gpu-c01", "gpu-c02")),
-    "job-silent": (None, "NODE_FAIL", ("gpu-d01",)),
+    "job-silent": (None, "FAILED", ("gpu-d01",)),  # nothing printed: default_policy
 }
 GATE_SCORES = {"candidate": {"real": {"accuracy": 0.957, "det_precision": 0.933}}}
 
@@ -70,9 +71,13 @@ class Live:
         return f"http://127.0.0.1:{self.worker.settings.web_port}"
 
 
+OPERATOR_TOKEN = "ops-token-0123456789abcdef"
+
+
 def _post(url: str, body: dict[str, Any]) -> int:
     request = urllib.request.Request(url, data=json.dumps(body).encode(), method="POST",
-                                     headers={"Content-Type": "application/json"})
+                                     headers={"Content-Type": "application/json",
+                                              "Authorization": f"Bearer {OPERATOR_TOKEN}"})
     with urllib.request.urlopen(request, timeout=10) as resp:
         return int(resp.status)
 
@@ -92,11 +97,12 @@ async def _scenario(settings: Settings, model_version: str, workdir: Path
         await shipper.send_raw(settings.topic("logs"), b"broken", b'{"job_id": "broken", "line": ')
         await shipper.send_raw(settings.topic("job-events"), b"j5", b'{"job_id": "j5"}')
         # The model in use, announced with its gate scores (the status page shows them) ...
+        key = load_private_key(workdir / "trainer.key")
         own = announcement("sibylla-classifier", model_version, workdir / "own.safetensors",
-                           "0" * 64, GATE_SCORES)
+                           "0" * 64, GATE_SCORES, 1, key)
         # ... then one the worker cannot load (its file does not exist): announced, not loaded.
         missing = announcement("sibylla-classifier", "lstm-missing",
-                               workdir / "missing.safetensors", "0" * 64, {})
+                               workdir / "missing.safetensors", "0" * 64, {}, 2, key)
         for ann in (own, missing):
             await shipper.send_raw(settings.topic("models"), b"sibylla-classifier",
                                    ann.to_json())
@@ -110,7 +116,14 @@ def live(broker: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Live
     """A worker that has decided the jobs of :func:`_scenario`."""
     workdir = tmp_path_factory.mktemp("operators")
     settings = make_settings(broker.bootstrap_servers, f"t{uuid.uuid4().hex[:10]}.", workdir)
-    with start_worker(settings, workdir) as worker:
+    # Signed announcements and an operator token, as a secured deployment runs.
+    _, public_key = generate_key_pair(workdir / "trainer.key")
+    tokens = workdir / "operators"
+    tokens.write_text(f"ops:{OPERATOR_TOKEN}\n")
+    tokens.chmod(0o600)
+    security = {"SIBYLLA_MODEL_PUBLIC_KEY": public_key, "SIBYLLA_MODEL_ROOTS": str(workdir),
+                "SIBYLLA_OPERATOR_TOKENS_FILE": str(tokens)}
+    with start_worker(settings, workdir, extra_env=security) as worker:
         text = worker.metrics_text()
         version = re.search(r'sibylla_model_info\{version="([^"]+)"\}', text)
         assert version, text

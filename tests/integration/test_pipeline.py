@@ -305,6 +305,10 @@ def test_a_killed_worker_loses_no_line_and_no_decision(broker, unique_prefix: st
         assert {d.line_count for d in decisions if d.job_id == job} == {expected_lines}
 
 
+# Not on Tansu: its end offsets are short (docs/brokers.md), so a worker given back a partition
+# it held finds its saved changelog offset beyond the broker's end and faust refuses to recover
+# (ConsistencyError), seen in 2 of 7 runs.
+@only_brokers("kafka")
 def test_two_workers_share_the_jobs_and_survive_one_leaving(broker, unique_prefix: str,
                                                             tmp_path: Path) -> None:
     settings = make_settings(broker.bootstrap_servers, unique_prefix, tmp_path)
