@@ -86,6 +86,7 @@ CATCH_UP_LIMIT_S = 30.0  # longest wait past the grace period for ingest to catc
 # decided the attempt again on an empty window (seen in the fault campaign). Several commit
 # intervals later (each commit flushes the producer) the decided mark is durable.
 RELEASE_AFTER_S = 5.0
+STALL_CHECK_EVERY_S = 2.0
 
 
 def _decide_request_key(value: bytes | None) -> str:
@@ -147,6 +148,7 @@ class Pipeline:
             self._terminations)
         app.agent(self.t.decide_requests, name="decide", isolated_partitions=True)(self._decide)
         app.timer(0.25, name="request_due_decisions")(self._request_due_decisions)
+        app.timer(STALL_CHECK_EVERY_S, name="catch_up_stalled")(self._catch_up_stalled)
         app.on_partitions_revoked.connect(self._on_revoked)
         app.on_partitions_assigned.connect(self._on_assigned)
 
@@ -403,6 +405,25 @@ class Pipeline:
     def _release(self, partition: int, key: str) -> None:
         """A completed (or cancelled) attempt needs no verdict: free its window."""
         self.store.delete(key, self.cache.pop(partition, key))
+
+    async def _catch_up_stalled(self) -> None:
+        """Process the records at the end of an owned partition that its agent never got
+        (gaps.GapFiller.stalled): a hole followed by no record is found by no batch."""
+        app = self.t.app
+        if app.rebalancing:
+            return
+        handlers = {self.t.logs.get_topic_name(): self._ingest_batch,
+                    self.t.job_events.get_topic_name(): self._terminations_batch}
+        for tp in sorted(app.assignor.assigned_actives()):
+            handle = handlers.get(tp.topic)
+            if handle is None:
+                continue
+            end = await self.offsets.end_offset(tp.topic, tp.partition)
+            missing = [] if end is None else await self.gaps.stalled(tp.topic, tp.partition,
+                                                                      end)
+            if missing:
+                self.metrics.refetched.labels(topic=tp.topic).inc(len(missing))
+                await finish(handle(missing))
 
     async def _request_due_decisions(self) -> None:
         """Ask for the decisions whose grace period is over (also after a restart); free the

@@ -22,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections.abc import Awaitable, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -36,6 +37,8 @@ __all__ = ["GapFiller", "ends_on_cancel", "finish"]
 log = logging.getLogger(__name__)
 
 FETCH_TIMEOUT_S = 15.0
+STALL_S = 5.0  # no progress this long with records left: the consumer skipped them
+STALL_FETCH_MAX = 5000  # records read again per stall at most (the rest on the next check)
 T = TypeVar("T")
 
 
@@ -66,6 +69,8 @@ class GapFiller:
     def __init__(self, settings: Settings, table: Any) -> None:
         self.settings = settings
         self.table = table
+        # (topic, partition) -> (last finished offset, since when) for stalled()
+        self._progress: dict[tuple[str, int], tuple[int, float]] = {}
 
     @staticmethod
     def _key(topic: str, partition: int) -> str:
@@ -77,9 +82,37 @@ class GapFiller:
         return int(raw) if raw is not None else None
 
     def mark(self, events: Sequence[Any]) -> None:
-        """Record the batch as finished; call in the event context of its partition."""
+        """Record the batch as finished; call in the event context of its partition. (Never
+        backwards: the agent and the stall check may finish overlapping batches.)"""
         last = events[-1].message
-        self.table[self._key(last.topic, last.partition)] = str(last.offset).encode()
+        done = self.done(last.topic, last.partition)
+        if done is None or last.offset > done:
+            self.table[self._key(last.topic, last.partition)] = str(last.offset).encode()
+
+    async def stalled(self, topic: str, partition: int, end: int) -> list[Any]:
+        """The records between the last finished one and the partition's ``end`` when the
+        agent has made no progress for :data:`STALL_S` while some are left: records faust
+        fetched past and never delivered, at the end of a partition, where no later record
+        would reveal the hole. Empty otherwise."""
+        key = (topic, partition)
+        done = self.done(topic, partition)
+        if done is None or end <= done + 1:
+            self._progress.pop(key, None)
+            return []
+        now = time.monotonic()
+        seen = self._progress.get(key)
+        if seen is None or seen[0] != done:
+            self._progress[key] = (done, now)
+            return []
+        if now - seen[1] < STALL_S:
+            return []
+        del self._progress[key]
+        missing = await self._fetch(topic, partition, done + 1,
+                                    min(end, done + 1 + STALL_FETCH_MAX))
+        log.warning("%s[%d]: no progress past offset %d for %.0f s though the partition "
+                    "ends at %d; %d records read again", topic, partition, done, STALL_S,
+                    end, len(missing))
+        return missing
 
     async def with_missing(self, events: Sequence[Any]) -> Sequence[Any]:
         """``events`` with the records the consumer skipped put back in place: those between

@@ -8,6 +8,7 @@ from types import SimpleNamespace
 
 import pytest
 
+from sibylla.streams import gaps
 from sibylla.streams.gaps import GapFiller, finish
 from sibylla.streams.keys import partition_of
 from sibylla.streams.ship import Shipper
@@ -66,3 +67,34 @@ def test_records_between_the_last_finished_one_and_a_batch_are_read_again(
     assert filled == [(3, b"3"), (4, b"4"), (5, b"5"), (6, b"6"), (7, None), (8, None)]
     assert contiguous == [3]
 
+
+
+@pytest.mark.integration
+def test_records_at_the_end_of_a_partition_with_no_progress_are_read_again(
+        broker, unique_prefix: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A hole at the end of a partition is followed by no record that would reveal it: after
+    STALL_S without progress, the records past the last finished one are read again."""
+    monkeypatch.setattr(gaps, "STALL_S", 0.2)
+    settings = make_settings(broker.bootstrap_servers, unique_prefix, tmp_path)
+    topic = settings.topic("logs")
+
+    async def scenario() -> tuple[list, list, list]:
+        await ensure_topics(settings)
+        async with Shipper(settings) as shipper:
+            for i in range(6):
+                await shipper.send_raw(topic, b"job-tail", str(i).encode())
+            await shipper.flush()
+        partition = partition_of("job-tail", settings.partitions)
+        table: dict[str, bytes] = {}
+        filler = GapFiller(settings, table)
+        filler.mark([_event(topic, partition, 2)])  # 3..5 never delivered to the agent
+        first = await filler.stalled(topic, partition, 6)  # starts the clock
+        await asyncio.sleep(0.3)
+        late = await filler.stalled(topic, partition, 6)
+        filler.mark([_event(topic, partition, 5)])
+        caught_up = await filler.stalled(topic, partition, 6)
+        return first, [(e.message.offset, e.message.value) for e in late], caught_up
+
+    first, late, caught_up = asyncio.run(scenario())
+    assert first == [] and caught_up == []
+    assert late == [(3, b"3"), (4, b"4"), (5, b"5")]
