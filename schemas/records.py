@@ -406,7 +406,7 @@ class DeadLetter:
     agent: str
     at: float = field(default_factory=time.time)
 
-    def to_json(self, max_bytes: int = DEAD_LETTER_MAX_BYTES) -> bytes:
+    def to_json(self) -> bytes:
         reason = self.reason if len(self.reason) <= _MAX_REASON else (
             self.reason[:_MAX_REASON] + "...")
         return orjson.dumps(
@@ -416,8 +416,8 @@ class DeadLetter:
                 "topic": self.topic,
                 "partition": self.partition,
                 "offset": self.offset,
-                **_excerpt(self.key, max_bytes, "key"),
-                **_excerpt(self.value, max_bytes, "value"),
+                **_excerpt(self.key, DEAD_LETTER_MAX_BYTES, "key"),
+                **_excerpt(self.value, DEAD_LETTER_MAX_BYTES, "value"),
                 "agent": self.agent,
                 "at": self.at,
             }
