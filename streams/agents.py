@@ -60,6 +60,7 @@ from sibylla.streams.batcher import MicroBatcher
 from sibylla.streams.gaps import GapFiller, ends_on_cancel, finish
 from sibylla.streams.keys import attempt_key, partition_of, split_key
 from sibylla.streams.lag import LagProbe
+from sibylla.streams.ledger import DecisionLedger
 from sibylla.streams.memory import AttemptMemory
 from sibylla.streams.metrics import WorkerMetrics
 from sibylla.streams.policy import CLASSIFIER_ERROR_CATEGORY
@@ -87,6 +88,13 @@ CATCH_UP_LIMIT_S = 30.0  # longest wait past the grace period for ingest to catc
 # intervals later (each commit flushes the producer) the decided mark is durable.
 RELEASE_AFTER_S = 5.0
 STALL_CHECK_EVERY_S = 2.0
+# For this long after a worker gets a partition, its decisions are checked against the
+# decisions topic (ledger.py): replays after a restart or a hand-over come within the grace
+# period, the catch-up wait and a re-request of that.
+LEDGER_CHECK_S = 120.0
+
+# A decision to make: the request's event, the termination, when it happened, the window.
+_ToDecide = tuple[Any, JobEvent, float, LogWindow]
 
 
 def _decide_request_key(value: bytes | None) -> str:
@@ -136,6 +144,7 @@ class Pipeline:
         self._decisions_swept: dict[int, float] = {}
         self.gaps = GapFiller(s, topology.offsets)
         self._assigned_at: dict[int, float] = {}  # partition -> when this worker got it
+        self.ledger = DecisionLedger(s, topology.decisions.get_topic_name())
         # Offsets asked of the broker out of band (bounded waits), and the lag gauge's source.
         self.offsets = LagProbe(s, [s.topic("logs"), s.topic("job-events"),
                                     s.topic("decide-requests")])
@@ -491,7 +500,7 @@ class Pipeline:
 
     async def _decide_batch(self, events: Sequence[Any]) -> None:
         partition = events[0].message.partition
-        todo: dict[str, tuple[Any, JobEvent, float, LogWindow]] = {}
+        todo: dict[str, _ToDecide] = {}
         for event in events:
             key = await self._parsed(event, _decide_request_key, "decide")
             if key is None or key in todo:
@@ -514,6 +523,7 @@ class Pipeline:
         if now - self._decisions_swept.get(partition, 0.0) > SWEEP_EVERY_S:
             self._decisions_swept[partition] = now
             self._expire_decisions(partition, now)
+        todo = await self._not_on_topic(partition, todo)
         if not todo:
             return
         predictions = await self._classify([w for (_, _, _, w) in todo.values()])
@@ -539,13 +549,7 @@ class Pipeline:
                 log.warning("decision for %s not delivered (%r); it will be made again",
                             key, outcome)
                 continue
-            self.in_event(event)
-            self.t.decided[key] = value
-            self.t.latest[job.job_id] = str(job.attempt).encode()
-            del self.t.pending[key]
-            self._to_release[partition].append((time.time() + RELEASE_AFTER_S, key))
-            self._context_event[partition] = event
-            self._requested.pop(key, None)
+            self._mark_decided(partition, key, event, job, value)
             self.metrics.decisions.labels(verdict=decision.verdict, action=decision.action).inc()
             if decision.explored:
                 self.metrics.explored.inc()
@@ -553,6 +557,39 @@ class Pipeline:
             self.activity.on_decision(decision)
             for hook in self.decided_hooks:
                 await hook(window, decision)
+
+    def _mark_decided(self, partition: int, key: str, event: Any, job: JobEvent,
+                      value: bytes) -> None:
+        """Record that the decisions topic holds the attempt's decision ``value``: replays
+        skip it, its window is freed RELEASE_AFTER_S later."""
+        self.in_event(event)
+        self.t.decided[key] = value
+        self.t.latest[job.job_id] = str(job.attempt).encode()
+        del self.t.pending[key]
+        self._to_release[partition].append((time.time() + RELEASE_AFTER_S, key))
+        self._context_event[partition] = event
+        self._requested.pop(key, None)
+
+    async def _not_on_topic(self, partition: int, todo: dict[str, _ToDecide]
+                            ) -> dict[str, _ToDecide]:
+        """``todo`` less the attempts whose decision the decisions topic already holds
+        (ledger.py): asked while the partition is new to this worker and for empty windows.
+        Those are marked decided; when the topic cannot be read, the asked ones wait."""
+        new_here = time.time() - self._assigned_at.get(partition, 0.0) < LEDGER_CHECK_S
+        asked = {key: event_time for key, (_, _, event_time, window) in todo.items()
+                 if new_here or window.empty}
+        if not asked:
+            return todo
+        found = await self.ledger.decided(partition, asked)
+        if found is None:
+            return {key: item for key, item in todo.items() if key not in asked}
+        for key, value in found.items():
+            event, job, _, _ = todo.pop(key)
+            log.warning("%s: its decision is already on the decisions topic, though not in "
+                        "this worker's decided table; adopted, not made again", key)
+            self._mark_decided(partition, key, event, job, value)
+            self.metrics.adopted_decisions.inc()
+        return todo
 
     async def _classify(self, windows: list[LogWindow]) -> list[Prediction | None] | None:
         """A prediction per window (None for an empty one). When the model fails on a batch,

@@ -27,16 +27,14 @@ from collections.abc import Awaitable, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from aiokafka import AIOKafkaConsumer, TopicPartition
-
 from sibylla.settings import Settings
+from sibylla.streams.reread import read_range
 from sibylla.streams.state import live_get
 
 __all__ = ["GapFiller", "ends_on_cancel", "finish"]
 
 log = logging.getLogger(__name__)
 
-FETCH_TIMEOUT_S = 15.0
 STALL_S = 5.0  # no progress this long with records left: the consumer skipped them
 STALL_FETCH_MAX = 5000  # records read again per stall at most (the rest on the next check)
 T = TypeVar("T")
@@ -135,27 +133,10 @@ class GapFiller:
         return out
 
     async def _fetch(self, topic: str, partition: int, start: int, end: int) -> list[_Event]:
-        """Records ``start`` (inclusive) to ``end`` (exclusive) of a partition."""
-        consumer = AIOKafkaConsumer(bootstrap_servers=self.settings.bootstrap_servers,
-                                    enable_auto_commit=False, auto_offset_reset="earliest",
-                                    **self.settings.kafka_client_options())
-        tp = TopicPartition(topic, partition)
-        out: list[_Event] = []
-
-        async def read() -> None:
-            consumer.assign([tp])
-            consumer.seek(tp, start)
-            while await consumer.position(tp) < end:
-                for record in (await consumer.getmany(tp, timeout_ms=500)).get(tp, []):
-                    if record.offset < end:
-                        out.append(_Event(_Message(topic, partition, record.offset, record.key,
-                                                   record.value, record.timestamp / 1000.0)))
-        await consumer.start()
-        try:
-            await asyncio.wait_for(read(), FETCH_TIMEOUT_S)
-        finally:
-            await consumer.stop()
-        return out
+        """Records ``start`` (inclusive) to ``end`` (exclusive) of a partition, as events."""
+        records = await read_range(self.settings, topic, partition, start, end)
+        return [_Event(_Message(topic, partition, r.offset, r.key, r.value, r.timestamp))
+                for r in records]
 
 
 async def finish(work: Awaitable[T]) -> T:

@@ -34,6 +34,10 @@ class WorkerMetrics:
         self.refetched = Counter("sibylla_records_refetched",
                                  "Records the consumer skipped (a rebalance cut a batch), read "
                                  "again from the broker.", ["topic"], registry=r)
+        self.adopted_decisions = Counter(
+            "sibylla_decisions_adopted", "Decisions found on the decisions topic but missing "
+            "from the local decided table (stale state after a restart or hand-over), adopted "
+            "instead of being made again.", registry=r)
         self.active_windows = Gauge("sibylla_active_windows", "Job attempt windows held.",
                                     registry=r)
         self.window_bytes = Gauge("sibylla_window_bytes", "Log text held in windows.",

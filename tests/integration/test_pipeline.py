@@ -13,10 +13,12 @@ from pathlib import Path
 
 import orjson
 import pytest
+from aiokafka import AIOKafkaProducer
 from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
 
 from sibylla.settings import Settings
+from sibylla.streams.keys import attempt_key, partition_of
 from sibylla.streams.ship import Shipper
 from sibylla.streams.topics import ensure_topics
 from tests.integration.fixtures import (
@@ -250,6 +252,53 @@ def test_a_decision_the_broker_refused_is_made_again_once_it_accepts(
         tail = worker.tail()
     assert [d.job_id for d in decisions] == ["refused-once"], tail
     assert decisions[0].verdict == "deterministic"
+
+
+async def _forget_decided_mark(settings: Settings, job_id: str) -> None:
+    """Delete an attempt's decided mark from the decided table's changelog: the state a
+    worker was seen to recover after a hand-over (its store lacked a mark the changelog had;
+    streams/ledger.py)."""
+    producer = AIOKafkaProducer(bootstrap_servers=settings.bootstrap_servers)
+    await producer.start()
+    try:
+        await producer.send_and_wait(
+            f"{settings.group_id}-decided-changelog", key=attempt_key(job_id, 0).encode(),
+            value=None, partition=partition_of(job_id, settings.partitions))
+    finally:
+        await producer.stop()
+
+
+def test_a_worker_whose_state_lost_a_decision_does_not_decide_it_again(
+        broker, unique_prefix: str, tmp_path: Path) -> None:
+    """The decisions topic, not the local table, is the record of what was decided: a
+    replayed termination meeting a state without the attempt's mark adopts the decision on
+    the topic. Before, it was decided again (in the fault campaign, on the window already
+    freed: a second, different verdict)."""
+    settings = make_settings(broker.bootstrap_servers, unique_prefix, tmp_path)
+    job = "decided-before"
+
+    async def ship(log: str | None) -> None:
+        async with Shipper(settings) as shipper:
+            await ship_job(shipper, job, log, "FAILED")
+            await shipper.flush()
+
+    with start_worker(settings, tmp_path, "first"):
+        asyncio.run(ship(DETERMINISTIC_LOG))
+        first = asyncio.run(collect_decisions(settings, {job}, timeout_s=60))
+    assert [d.verdict for d in first] == ["deterministic"]
+    asyncio.run(_forget_decided_mark(settings, job))
+    with start_worker(settings, tmp_path, "second") as second:
+        asyncio.run(ship(None))  # the termination again, as a replay brings it
+        deadline = time.monotonic() + 60
+        while (metric(second.metrics_text(), "sibylla_decisions_adopted_total") < 1
+               and time.monotonic() < deadline):
+            time.sleep(0.2)
+        adopted = metric(second.metrics_text(), "sibylla_decisions_adopted_total")
+        tail = second.tail()
+    # Everything on the topic (no job is named "-"): one decision, the first one.
+    decisions = asyncio.run(collect_decisions(settings, {job, "-"}, timeout_s=8))
+    assert [(d.job_id, d.verdict) for d in decisions] == [(job, "deterministic")], tail
+    assert adopted == 1, tail
 
 
 @only_brokers("kafka")
