@@ -55,6 +55,7 @@ from sibylla.brokers.launchers import apache_kafka, tansu
 from sibylla.brokers.process import BrokerProcess
 from sibylla.schemas.validate import load_schema
 from sibylla.settings import Settings
+from sibylla.streams.lag import LagProbe
 from sibylla.streams.topics import ensure_topics
 
 
@@ -445,6 +446,9 @@ def check(truth: Truth, decisions: list[Any], letters: list[Any],
         "dead_letters": len(letters),
         "duplicate_dead_letters": sum(n - 1 for n in coordinates.values()),
         **{k: v for k, v in asdict(observed).items() if k != "unexpected_exits"},
+        # Where to start looking when bad records are unaccounted for: their keys.
+        "unaccounted_keys": sorted(k.decode(errors="replace")
+                                   for k in truth.bad_keys - set(keys))[:20],
     }
     passed = all(not v for v in findings.values())
     return {"passed": passed, "findings": findings, "summary": summary}
@@ -484,11 +488,20 @@ async def run(c: Campaign, workdir: Path, log: Callable[[str], None]) -> dict[st
             log(f"produced {observed.sent} records, {observed.kills} kills "
                 f"({observed.startup_kills} in start-up), {observed.broker_restarts} broker "
                 f"restarts in {time.monotonic() - started:.0f} s; settling")
+            # Settled: every failed job decided and every input record taken (the group's
+            # committed offsets at the ends: a record is committed only once handled). Until
+            # then a missing dead letter may only be late, not lost.
             deadline = time.monotonic() + c.settle_s
-            while time.monotonic() < deadline:
-                if truth.failed <= await decided_jobs(settings):
-                    break
-                await asyncio.sleep(3.0)
+            lag = LagProbe(settings, [settings.topic("logs"), settings.topic("job-events")])
+            try:
+                while time.monotonic() < deadline:
+                    lags = await lag.lag()
+                    if (truth.failed <= await decided_jobs(settings) and lags
+                            and not any(lags.values())):
+                        break
+                    await asyncio.sleep(3.0)
+            finally:
+                await lag.close()
             await asyncio.sleep(5.0)  # late duplicates and dead letters
             decisions = await read_topic(settings, settings.topic("decisions"))
             letters = await read_topic(settings, settings.topic("deadletter"))

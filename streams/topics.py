@@ -18,7 +18,7 @@ from aiokafka.errors import KafkaConnectionError, TopicAlreadyExistsError
 
 from sibylla.settings import Settings, SettingsError
 
-__all__ = ["COPARTITIONED", "ensure_topics"]
+__all__ = ["COPARTITIONED", "broker_answers", "ensure_topics"]
 
 log = logging.getLogger(__name__)
 
@@ -50,6 +50,16 @@ async def _connected_admin(settings: Settings, wait_s: float) -> AIOKafkaAdminCl
                 raise
             log.warning("broker %s does not answer; retrying", settings.bootstrap_servers)
             await asyncio.sleep(1.0)
+
+
+async def broker_answers(settings: Settings) -> bool:
+    """Does the broker answer now (one try)?"""
+    try:
+        admin = await _connected_admin(settings, 0.0)
+    except KafkaConnectionError:
+        return False
+    await admin.close()
+    return True
 
 
 async def ensure_topics(settings: Settings, wait_s: float = 0.0) -> None:

@@ -16,6 +16,7 @@ import logging
 import math
 import os
 import socket
+import sys
 import time
 from typing import Any
 
@@ -33,7 +34,7 @@ from sibylla.streams.keys import attempt_key
 from sibylla.streams.readiness import Readiness
 from sibylla.streams.state import live_get
 from sibylla.streams.status_page import render_status_page
-from sibylla.streams.topics import ensure_topics
+from sibylla.streams.topics import broker_answers, ensure_topics
 
 __all__ = ["build_worker", "run_worker"]
 
@@ -123,12 +124,25 @@ def build_worker(settings: Settings, classifier: Classifier | None = None) -> Pi
 
 
 def run_worker(settings: Settings, classifier: Classifier | None = None) -> int:
-    """Run a worker until SIGINT/SIGTERM. Blocks."""
+    """Run a worker until SIGINT/SIGTERM. Blocks.
+
+    A worker that fails while the broker does not answer starts again in the same process
+    (exec: same PID, fresh state), which first waits up to ``broker_wait_s`` for the broker,
+    as a supervisor would restart it. faust exits when its first connection fails, and the
+    broker can go away between the topic check and that connection (seen in the fault
+    campaign); once running, faust rides out a broker restart by itself."""
     asyncio.run(ensure_topics(settings, settings.broker_wait_s))
     settings.data_dir.mkdir(parents=True, exist_ok=True)
     pipeline = build_worker(settings, classifier)
     log.info("worker settings: %s", settings.redacted())
     worker = faust.Worker(pipeline.t.app, loglevel=settings.log_level.upper(), quiet=True,
                           redirect_stdouts=False, override_logging=False)
-    worker.execute_from_commandline()
+    try:
+        worker.execute_from_commandline()
+    except SystemExit as exit_:
+        if exit_.code and not asyncio.run(broker_answers(settings)):
+            log.warning("the broker %s does not answer; starting again once it does",
+                        settings.bootstrap_servers)
+            os.execv(sys.executable, [sys.executable, *sys.orig_argv[1:]])
+        raise
     return 0

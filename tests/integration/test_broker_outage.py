@@ -1,0 +1,122 @@
+"""A broker that goes away while a worker starts: the worker waits for it, then serves."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from sibylla.streams.launch import WorkerProcess
+from sibylla.streams.ship import Shipper
+from sibylla.streams.topics import ensure_topics
+from tests.integration.fixtures import (
+    DETERMINISTIC_LOG,
+    collect_decisions,
+    make_settings,
+    ship_job,
+)
+
+pytestmark = pytest.mark.integration
+
+RESTARTING = "starting again once it does"  # the worker's log line
+
+
+class BootstrapGate:
+    """A TCP relay to the broker's bootstrap address that can be shut: clients bootstrap
+    through it (their later connections go to the address the broker advertises), so
+    shutting it makes a client's first connection fail as if the broker were gone."""
+
+    def __init__(self, target: str) -> None:
+        host, port = target.rsplit(":", 1)
+        self.target = (host, int(port))
+        self.server = socket.create_server(("127.0.0.1", 0))
+        self.address = f"127.0.0.1:{self.server.getsockname()[1]}"
+        self.open = threading.Event()
+        self.open.set()
+        self.connections = 0
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                client, _ = self.server.accept()
+            except OSError:
+                return
+            self.connections += 1
+            if not self.open.is_set():
+                client.close()
+                continue
+            upstream = socket.create_connection(self.target)
+            for a, b in ((client, upstream), (upstream, client)):
+                threading.Thread(target=self._pump, args=(a, b), daemon=True).start()
+
+    @staticmethod
+    def _pump(src: socket.socket, dst: socket.socket) -> None:
+        try:
+            while data := src.recv(65536):
+                dst.sendall(data)
+        except OSError:
+            pass
+        finally:
+            for s in (src, dst):
+                s.close()
+
+    def close(self) -> None:
+        self.server.close()
+
+
+def test_a_worker_whose_broker_goes_away_during_start_up_waits_and_serves(
+        broker, unique_prefix: str, tmp_path: Path) -> None:
+    """faust exits when its first connection fails; the broker can vanish between the
+    worker's topic check and that connection (seen in the fault campaign, where the worker
+    then stayed down until a supervisor restarted it). Now it starts again by itself."""
+    gate = BootstrapGate(broker.bootstrap_servers)
+    settings = make_settings(gate.address, unique_prefix, tmp_path, broker_wait_s=120)
+    asyncio.run(ensure_topics(settings))
+    worker = WorkerProcess(settings, tmp_path / "worker.log")
+    gate.connections = 0
+
+    def log_text() -> str:
+        return worker.tail(chars=1 << 30)
+
+    def outage() -> None:
+        # The worker's topic check goes through the gate; shut it right after, so that
+        # faust's first connection, a moment later, finds no broker; open it again a while
+        # after the worker noticed.
+        deadline = time.monotonic() + 60
+        while gate.connections == 0 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        time.sleep(0.3)
+        gate.open.clear()
+        deadline = time.monotonic() + 90
+        while RESTARTING not in log_text() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        time.sleep(2.0)
+        gate.open.set()
+
+    # (The worker is started from this thread: it is told to die with the thread that
+    # started it.)
+    broker_away = threading.Thread(target=outage)
+    broker_away.start()
+    try:
+        worker.start(ready_timeout_s=180)
+        broker_away.join()
+        assert RESTARTING in log_text(), worker.tail()
+
+        async def ship() -> list:
+            async with Shipper(settings) as shipper:
+                await ship_job(shipper, "after-outage", DETERMINISTIC_LOG, "FAILED")
+                await shipper.flush()
+            return await collect_decisions(settings, {"after-outage"}, timeout_s=90)
+
+        decisions = asyncio.run(ship())
+        assert [d.job_id for d in decisions] == ["after-outage"], worker.tail()
+    finally:
+        gate.open.set()
+        broker_away.join()
+        worker.stop()
+        gate.close()
