@@ -144,6 +144,9 @@ class Pipeline:
         self._decisions_swept: dict[int, float] = {}
         self.gaps = GapFiller(s, topology.offsets)
         self._assigned_at: dict[int, float] = {}  # partition -> when this worker got it
+        # (topic, partition) -> deliveries of the running batch's dead letters and re-keyed
+        # records, awaited before the batch is marked finished (_finished)
+        self._sent: dict[tuple[str, int], list[Awaitable[Any]]] = defaultdict(list)
         self.ledger = DecisionLedger(s, topology.decisions.get_topic_name())
         # Offsets asked of the broker out of band (bounded waits), and the lag gauge's source.
         self.offsets = LagProbe(s, [s.topic("logs"), s.topic("job-events"),
@@ -201,9 +204,31 @@ class Pipeline:
                 len(found) - len(events))
         return found
 
-    def _finished(self, events: Sequence[Any]) -> None:
+    async def _finished(self, events: Sequence[Any]) -> None:
+        """Mark the batch finished (gaps.py), once the broker holds what it sent. The mark
+        tells a successor that these records need no replay, so it must not become durable
+        before their dead letters and re-keyed copies: a fault campaign lost two dead
+        letters when a worker was killed with them in its producer's buffer and its mark
+        already on the changelog."""
+        await self._delivered(events)
         self.in_event(events[-1])
         self.gaps.mark(events)
+
+    async def _delivered(self, events: Sequence[Any]) -> None:
+        """Wait until the broker holds the batch's dead letters and re-keyed records. If one
+        was not delivered, the worker exits before the batch is acknowledged (a restart
+        replays it)."""
+        first = events[0].message
+        sent = self._sent.pop((first.topic, first.partition), None)
+        if sent:
+            try:
+                await asyncio.gather(*sent)
+            except Exception:  # noqa: BLE001 - see the docstring
+                log.critical("%s[%d]: a record's dead letter or re-keyed copy was not "
+                             "delivered; exiting so that a restart replays the batch",
+                             first.topic, first.partition, exc_info=True)
+                logging.shutdown()
+                os._exit(70)
 
     # ---------------------------------------------------------------- helpers
     async def _dead_letter(self, event: Any, reason: str, kind: ReasonClass, agent: str
@@ -215,7 +240,8 @@ class Pipeline:
         try:
             letter = DeadLetter(reason, msg.topic, msg.partition, msg.offset, msg.key,
                                 msg.value, agent)
-            await self.t.deadletter.send(key=msg.key, value=letter.to_json(), force=True)
+            self._sent[(msg.topic, msg.partition)].append(
+                await self.t.deadletter.send(key=msg.key, value=letter.to_json(), force=True))
         except Exception:  # noqa: BLE001 - see the docstring
             log.critical("cannot dead-letter %s[%d]@%d; exiting so that a restart replays it",
                          msg.topic, msg.partition, msg.offset, exc_info=True)
@@ -289,7 +315,8 @@ class Pipeline:
             if msg.key != chunk.job_id.encode():
                 # Keyed otherwise, it sits on a partition that may not hold the job's window:
                 # re-publish it under its job_id rather than lose or misfile it.
-                await self.t.logs.send(key=chunk.job_id.encode(), value=msg.value, force=True)
+                self._sent[(msg.topic, partition)].append(await self.t.logs.send(
+                    key=chunk.job_id.encode(), value=msg.value, force=True))
                 m.rekeyed.inc()
                 continue
             key = attempt_key(chunk.job_id, chunk.attempt)
@@ -319,7 +346,7 @@ class Pipeline:
             if live_get(pending, attempt_key(job_id, attempt)) is not None:
                 await self._request_decision(job_id, attempt)
         self._ingested[partition] = events[-1].message.offset
-        self.gaps.mark(events)
+        await self._finished(events)
         m.lines.inc(lines)
         m.bytes.inc(nbytes)
         m.records.inc(records)
@@ -378,7 +405,7 @@ class Pipeline:
                 await self._dead_letter(
                     event, f"internal error: {type(exc).__name__}: {exc}", "invalid_field",
                     "terminations")
-        self._finished(events)
+        await self._finished(events)
 
     async def _on_job_event(self, event: Any) -> None:
         job = await self._parsed(event, parse_job_event, "terminations")
@@ -497,6 +524,7 @@ class Pipeline:
             async for events in stream.take_events(self.settings.batch_max_windows,
                                                    EVENTS_WITHIN_S):
                 await finish(self._decide_batch(events))
+                await finish(self._delivered(events))
 
     async def _decide_batch(self, events: Sequence[Any]) -> None:
         partition = events[0].message.partition
