@@ -135,13 +135,20 @@ class ModelClassifier:
         # Always the full budget, even for a model trained on a smaller one (a training-speed
         # knob): more of the window never hurt. The drift bench's initial model, trained at 256
         # tokens, scored 0.965 served at 512 and 0.87 served at 256 on the same 400 jobs.
-        live = [i for i, w in enumerate(windows) if not w.empty]  # "no log": no verdict
-        encoded = [encode_window(windows[i], self.vocab, MAX_TOKENS) for i in live]
+        return self.predict_encoded([None if w.empty else  # "no log": no verdict
+                                     encode_window(w, self.vocab, MAX_TOKENS) for w in windows])
+
+    def predict_encoded(self, encoded: Sequence[Encoded | None]) -> list[Prediction]:
+        """:meth:`predict` of windows already encoded with this model's vocabulary (e.g. by an
+        :class:`~.incremental.IncrementalFeatures`); None stands for an empty window."""
+        live = [i for i, enc in enumerate(encoded) if enc is not None]
         with self._lock:
-            scores = score_sequences(self.model, [enc.ids for enc in encoded],
+            scores = score_sequences(self.model, [encoded[i].ids for i in live],  # type: ignore[union-attr]
                                      self.batch_size, self.device)
-        out = [Prediction("unknown", 0.0, NO_LOG, []) for _ in windows]
-        for row, (i, enc) in enumerate(zip(live, encoded, strict=True)):
+        out = [Prediction("unknown", 0.0, NO_LOG, []) for _ in encoded]
+        for row, i in enumerate(live):
+            enc = encoded[i]
+            assert enc is not None
             out[i] = self._decide(enc, scores.verdict_logits[row], scores.category_probs[row],
                                   scores.attention[row])
         return out
