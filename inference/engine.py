@@ -12,16 +12,18 @@ from __future__ import annotations
 import copy
 import logging
 import math
+import re
 import threading
 from collections.abc import Sequence
 from typing import Any
 
 import torch
 
-from .api import LogWindow, Prediction, VerdictLabel
+from .api import LogWindow, Prediction, VerdictLabel, is_error_start
 from .checkpoint import Checkpoint, load_checkpoint
 from .features import MAX_TOKENS, Encoded, encode_window, pad_batch
 from .model import RecurrentClassifier
+from .preprocess import Line
 from .taxonomy import CATEGORIES, DETERMINISTIC, LABELS
 
 __all__ = [
@@ -87,14 +89,47 @@ def _softmax2(logits: Sequence[float], temperature: float) -> tuple[float, float
     return ea / (ea + eb), eb / (ea + eb)
 
 
+# The line that states a failure: an exception raised (``KeyError: (1, 2)``,
+# ``torch.OutOfMemoryError: CUDA out of memory``), possibly behind a rank or logger prefix, or
+# an error banner. Not the frames, source lines or imports of a traceback, nor GPU banners.
+_EXCEPTION_LINE = re.compile(
+    r"^(?:\[[^\]]*\]:?\s*|\w+:\s+)?(?:[\w.]+\.)?[A-Z]\w*(?:Error|Exception|Exit|Interrupt)\b"
+    r"|\b[A-Z]\w*(?:Error|Exception)(?::\s|$)")
+_NOT_A_CAUSE = re.compile(r"^(?:Traceback \(most recent|File \"|from \S+ import |import \S|"
+                          r"During handling of|The above exception)")
+
+
+def _root_line(lines: Sequence[Line]) -> int | None:
+    """Index of the first line that states the failure: the first exception line, else the
+    first error-opening line that is not a traceback's header (see :data:`ERROR_START`)."""
+    fallback = None
+    for i, line in enumerate(lines):
+        text = line.shown
+        if not text or _NOT_A_CAUSE.match(text):
+            continue
+        if _EXCEPTION_LINE.search(text):
+            return i
+        if fallback is None and is_error_start(text):
+            fallback = i
+    return fallback
+
+
 def _evidence(enc: Encoded, attention: Sequence[float]) -> list[str]:
-    """The lines that received most attention, in log order."""
+    """The line stating the failure (:func:`_root_line`: attention alone often picks a GPU
+    banner or an import of the traceback) and the lines that received most attention, in log
+    order, :data:`EVIDENCE_LINES` in all."""
     weight: dict[int, float] = {}
     for owner, w in zip(enc.owners, attention, strict=False):
         if enc.lines[owner].shown:
             weight[owner] = weight.get(owner, 0.0) + w
-    top = sorted(sorted(weight, key=weight.__getitem__, reverse=True)[:EVIDENCE_LINES])
-    return [enc.lines[i].shown for i in top]
+    root = _root_line(enc.lines)
+    chosen = [] if root is None else [root]
+    for i in sorted(weight, key=weight.__getitem__, reverse=True):
+        if len(chosen) >= EVIDENCE_LINES:
+            break
+        if i != root:
+            chosen.append(i)
+    return [enc.lines[i].shown for i in sorted(chosen)]
 
 
 # Category indices of each verdict: a prediction's category agrees with its verdict.

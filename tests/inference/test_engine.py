@@ -81,3 +81,17 @@ def test_a_window_of_blank_lines_is_no_log_for_the_model_and_the_pipeline(tiny: 
     assert not LogWindow("j", 0, tail=["", "Killed"]).empty
     [prediction] = ModelClassifier(tiny, device="cpu").predict([blank])
     assert (prediction.verdict, prediction.category) == ("unknown", NO_LOG)
+
+
+def test_evidence_names_the_exception_not_the_imports_of_its_traceback() -> None:
+    from sibylla.inference.engine import _root_line
+    from sibylla.inference.preprocess import Line
+
+    lines = [Line(text, text) for text in (
+        "Traceback (most recent call last):", 'File "/x/train.py", line 3, in <module>',
+        "from detectron2.config import get_cfg", "CUDA:1 (NVIDIA TITAN X, 12189MiB)",
+        "[rank0]: IndentationError: unindent does not match any outer indentation level",
+        "RuntimeError: later, collateral")]
+    assert _root_line(lines) == 4
+    assert _root_line([Line("NCCL WARN socket closed", "x"), Line("ok", "ok")]) == 0
+    assert _root_line([Line("all good", "x")]) is None
