@@ -79,6 +79,8 @@ def _ids(p: Prepared, vocab: Vocabulary) -> list[int]:
         return vocab.encode(p.tokens())
     ids = tpl.ids.get(vocab.serial)
     if ids is None:
+        if len(tpl.ids) >= 4:  # models swapped in over time: keep the ids of the last few
+            tpl.ids.clear()
         ids = tpl.ids[vocab.serial] = vocab.encode(p.tokens())
     return ids
 
