@@ -14,11 +14,14 @@ windows/s on one core, and writes bench/results/line-model.json. It is not shipp
 first beat the current model and the char TF-IDF baseline on held-out projects.
 
     python bench/exp_line_model.py [--epochs 4]
+    python bench/exp_line_model.py --folds 5   # grouped CV, also training on the other folds'
+                                               # real logs, with both TF-IDFs on the same folds
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import random
 import time
@@ -33,7 +36,8 @@ from torch import nn
 from torch.nn import functional as F
 
 from sibylla.inference.api import LogWindow, Prediction
-from sibylla.inference.corpus import REAL_FILES, load_records, packaged_path
+from sibylla.inference.baselines import CharTfidfLogReg, TfidfLogReg
+from sibylla.inference.corpus import REAL_FILES, Record, load_records, packaged_path, project_of
 from sibylla.inference.evaluate import cross_fitted
 from sibylla.inference.metrics import score
 from sibylla.inference.preprocess import SEPARATOR, select_window, window_from_text
@@ -115,29 +119,22 @@ def to_batch(docs: Sequence[list[list[str]]], vocab: Vocabulary, word_dropout: f
     return torch.from_numpy(tok), torch.from_numpy(gram), torch.tensor([len(d) for d in docs])
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--epochs", type=int, default=4)
-    parser.add_argument("--seed", type=int, default=1)
-    args = parser.parse_args(argv)
-    torch.set_num_threads(1)
-    torch.manual_seed(args.seed)
-    rng = random.Random(args.seed)
+def train_line_model(records: Sequence[Record], epochs: int, rng: random.Random,
+                     copies: int) -> tuple[LineModel, Vocabulary]:
+    """The line model trained on ``records`` (real ones also as ``copies`` augmented copies)."""
     t0 = time.monotonic()
-    config = TrainConfig()
     examples = []
-    for r in default_training_records(config):
+    for r in records:
         examples.append((r.log, r))
         if not r.source.startswith("synthetic/"):
-            examples += [(augment(r.log, rng), r) for _ in range(config.real_copies)]
+            examples += [(augment(r.log, rng), r) for _ in range(copies)]
     docs = [window_lines(window_from_text(log)) for log, _ in examples]
     y_verdict = torch.tensor([LABELS.index(r.label) for _, r in examples])
     y_category = torch.tensor([CATEGORIES.index(r.category) for _, r in examples])
-    vocab = Vocabulary.build([[t for line in d for t in line] for d in docs],
-                             min_count=config.min_count)
+    vocab = Vocabulary.build([[t for line in d for t in line] for d in docs], min_count=3)
     model = LineModel(len(vocab))
     optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3, weight_decay=1e-4)
-    for epoch in range(args.epochs):
+    for epoch in range(epochs):
         model.train()
         order = list(range(len(docs)))
         rng.shuffle(order)
@@ -154,18 +151,21 @@ def main(argv: Sequence[str] | None = None) -> int:
             total += loss.item() * len(idx)
         print(f"epoch {epoch + 1}: loss {total / len(docs):.4f} "
               f"({time.monotonic() - t0:.0f} s)", flush=True)
-    trained_s = time.monotonic() - t0
     model.eval()
-    test = [r for name in REAL_FILES if name not in config.real_files
-            for r in load_records(packaged_path(name))]
-    test_docs = [window_lines(window_from_text(r.log)) for r in test]
-    predictions: list[Prediction] = []
+    return model, vocab
+
+
+def predict_line_model(model: LineModel, vocab: Vocabulary, records: Sequence[Record]
+                       ) -> tuple[list[Prediction], float]:
+    """Predictions (no abstention) and the forward pass's seconds (batching excluded)."""
+    docs = [window_lines(window_from_text(r.log)) for r in records]
     det = [c in DETERMINISTIC for c in CATEGORIES]
     with torch.inference_mode():
-        batches = [to_batch(test_docs[s : s + 64], vocab) for s in range(0, len(test_docs), 64)]
+        batches = [to_batch(docs[s : s + 64], vocab) for s in range(0, len(docs), 64)]
         t1 = time.perf_counter()
         outputs = [model(*b) for b in batches]
         forward_s = time.perf_counter() - t1
+    predictions: list[Prediction] = []
     for verdict, category in outputs:
         for pv, pc in zip(torch.softmax(verdict, 1).tolist(),
                           torch.softmax(category, 1).tolist(), strict=True):
@@ -174,22 +174,90 @@ def main(argv: Sequence[str] | None = None) -> int:
             predictions.append(Prediction(LABELS[0] if is_det else LABELS[1],  # type: ignore[arg-type]
                                           max(pv), CATEGORIES[max(allowed, key=pc.__getitem__)],
                                           []))
-    keys = ("macro_f1", "deterministic_precision", "deterministic_precision_ci",
-            "abstention_rate", "accuracy", "category_accuracy")
-    m = score([r.label for r in test], [p.verdict for p in predictions],
-              [r.category for r in test], [p.category for p in predictions])
-    crossed = cross_fitted(predictions, test)
-    result: dict[str, Any] = {
-        "epochs": args.epochs, "seed": args.seed, "trained_seconds": round(trained_s, 1),
-        "test_records": len(test), "test_files": [n for n in REAL_FILES
-                                                  if n not in config.real_files],
-        "forward_windows_per_s_one_core_batch_64": round(len(test) / forward_s, 1),
-        "no_abstention": {k: m[k] for k in keys},
-        "cross_fitted": {k: crossed[k] for k in (*keys, "threshold_median")},
-    }
+    return predictions, forward_s
+
+
+KEYS = ("macro_f1", "deterministic_precision", "deterministic_precision_ci", "abstention_rate",
+        "accuracy", "category_accuracy")
+
+
+def _scores(predictions: Sequence[Prediction], records: Sequence[Record]) -> dict[str, Any]:
+    m = score([r.label for r in records], [p.verdict for p in predictions],
+              [r.category for r in records], [p.category for p in predictions])
+    crossed = cross_fitted(predictions, records)
+    return {"no_abstention": {k: m[k] for k in KEYS},
+            "cross_fitted": {k: crossed[k] for k in (*KEYS, "threshold_median")}}
+
+
+def _fold(record: Record, folds: int) -> int:
+    digest = hashlib.sha256(project_of(record).encode()).digest()
+    return int.from_bytes(digest[:8], "big") % folds
+
+
+def grouped_cv(folds: int, epochs: int, seed: int) -> dict[str, Any]:
+    """Every held-out real log scored by models trained without its repository, but with the
+    other folds' real logs: line model, char TF-IDF, word TF-IDF, trained on the same records."""
+    config = TrainConfig()
+    base = default_training_records(config)
+    real = [r for name in REAL_FILES if name not in config.real_files
+            for r in load_records(packaged_path(name))]
+    out: dict[str, list[Prediction | None]] = {
+        name: [None] * len(real) for name in ("line model", "char tf-idf", "tf-idf")}
+    for k in range(folds):
+        test_idx = [i for i, r in enumerate(real) if _fold(r, folds) == k]
+        train = base + [r for r in real if _fold(r, folds) != k]
+        test = [real[i] for i in test_idx]
+        print(f"fold {k + 1}/{folds}: {len(test)} test, {len(train)} train", flush=True)
+        model, vocab = train_line_model(train, epochs, random.Random(seed + k),
+                                        config.real_copies)
+        windows = [window_from_text(r.log) for r in train]
+        categories = [r.category for r in train]
+        test_windows = [window_from_text(r.log) for r in test]
+        for name, preds in (
+                ("line model", predict_line_model(model, vocab, test)[0]),
+                ("char tf-idf", CharTfidfLogReg().fit(windows, categories).predict(test_windows)),
+                ("tf-idf", TfidfLogReg().fit(windows, categories).predict(test_windows))):
+            for i, p in zip(test_idx, preds, strict=True):
+                out[name][i] = p
+    return {"folds": folds, "epochs": epochs, "records": len(real),
+            "projects": len({project_of(r) for r in real}),
+            "rows": {name: _scores([p for p in preds if p is not None], real)
+                     for name, preds in out.items()}}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--epochs", type=int, default=4)
+    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--folds", type=int, default=0,
+                        help="k > 0: grouped-by-project cross-validation that also trains on "
+                             "the other folds' held-out real logs (k line-model trainings)")
+    args = parser.parse_args(argv)
+    torch.set_num_threads(1)
+    torch.manual_seed(args.seed)
+    if args.folds:
+        result = grouped_cv(args.folds, args.epochs, args.seed)
+        name = f"line-model-cv{args.folds}.json"
+    else:
+        t0 = time.monotonic()
+        config = TrainConfig()
+        model, vocab = train_line_model(default_training_records(config), args.epochs,
+                                        random.Random(args.seed), config.real_copies)
+        trained_s = time.monotonic() - t0
+        test = [r for n in REAL_FILES if n not in config.real_files
+                for r in load_records(packaged_path(n))]
+        predictions, forward_s = predict_line_model(model, vocab, test)
+        result = {
+            "epochs": args.epochs, "seed": args.seed, "trained_seconds": round(trained_s, 1),
+            "test_records": len(test),
+            "test_files": [n for n in REAL_FILES if n not in config.real_files],
+            "forward_windows_per_s_one_core_batch_64": round(len(test) / forward_s, 1),
+            **_scores(predictions, test),
+        }
+        name = "line-model.json"
     print(json.dumps(result, indent=2))
     RESULTS.mkdir(exist_ok=True)
-    (RESULTS / "line-model.json").write_text(json.dumps(result, indent=2) + "\n")
+    (RESULTS / name).write_text(json.dumps(result, indent=2) + "\n")
     return 0
 
 
