@@ -20,6 +20,7 @@ on exactly what it sees in production.
 from __future__ import annotations
 
 import functools
+import operator
 import re
 from collections.abc import Callable, Iterable, Sequence
 from typing import NamedTuple, TypeVar
@@ -208,14 +209,12 @@ _NONZERO_BEFORE_X = re.compile(r"[1-9](?=[xX])")
 
 
 def _line_template(line: str, raw: bytes) -> bytes:
-    """ASCII ``line`` (``raw``: it encoded, digits translated by ``_ZERO_DIGIT_BYTES``) with
-    every digit ``0``, except a nonzero digit before ``x``/``X``: ``1``."""
-    if b"0x" in raw or b"0X" in raw:  # rare: where "0x" may open a hex number
-        chars = bytearray(raw)
-        for m in _NONZERO_BEFORE_X.finditer(line):
-            chars[m.start()] = 49  # "1"
-        raw = bytes(chars)
-    return raw
+    """ASCII ``line`` (``raw``: it encoded, digits translated by ``_ZERO_DIGIT_BYTES``, holding
+    ``0x`` or ``0X``) with every digit ``0``, except a nonzero digit before ``x``/``X``: ``1``."""
+    chars = bytearray(raw)
+    for m in _NONZERO_BEFORE_X.finditer(line):
+        chars[m.start()] = 49  # "1"
+    return bytes(chars)
 
 
 class _Template:
@@ -226,7 +225,7 @@ class _Template:
     first use (only kept lines are tokenized); ``ids``: per vocabulary, the tokens' ids.
     """
 
-    __slots__ = ("general", "masked", "key", "src", "dst", "tokens", "ids")
+    __slots__ = ("general", "masked", "key", "src", "dst", "pick", "tokens", "ids")
 
     def __init__(self, raw_template: bytes) -> None:
         template = raw_template.decode("ascii")
@@ -242,6 +241,8 @@ class _Template:
         dst = [j for j, c in enumerate(masked) if c in "01" and origin[j] >= 0]
         self.dst = tuple(dst)
         self.src = tuple(origin[j] for j in dst)
+        # the surviving digits of a line of this template, as _digits_value gives them
+        self.pick = operator.itemgetter(*self.src) if self.src else None
         self.tokens: list[str] | None = None
         self.ids: dict[int, list[int]] = {}
 
@@ -278,13 +279,19 @@ def _template(template: bytes) -> _Template:
     return _Template(template)
 
 
-def _digits_key(masked: str) -> str | tuple[str, str]:
+Key = str | tuple[str, str | tuple[str, ...]]
+
+
+def _digits_key(masked: str) -> Key:
     """A key equal for two masked lines exactly when their stripped texts are equal: the text
-    with every digit ``0``, and the digits (only when there are any)."""
+    with every digit ``0``, and its digits (only when there are any): one digit as itself,
+    several as a tuple, as ``operator.itemgetter`` picks them from a line."""
     stripped = masked.strip()
-    digits = "".join(c for c in stripped if "0" <= c <= "9")
+    digits = [c for c in stripped if "0" <= c <= "9"]
     shape = stripped.translate(_ZERO_DIGITS)
-    return (shape, digits) if digits else shape
+    if not digits:
+        return shape
+    return shape, digits[0] if len(digits) == 1 else tuple(digits)
 
 
 class Prepared:
@@ -293,7 +300,7 @@ class Prepared:
 
     __slots__ = ("key", "raw", "template", "_line")
 
-    def __init__(self, key: str | tuple[str, str], raw: str, template: _Template | None,
+    def __init__(self, key: Key, raw: str, template: _Template | None,
                  line: Line | None) -> None:
         self.key = key
         self.raw = raw
@@ -329,10 +336,13 @@ def prepare_line(line: str) -> Prepared:
     """``line`` redacted and masked (see :class:`Prepared`); cheap for a line whose template
     was seen before."""
     if line.isascii():
-        tpl = _template(_line_template(line, line.encode("ascii").translate(_ZERO_DIGIT_BYTES)))
+        raw = line.encode("ascii").translate(_ZERO_DIGIT_BYTES)
+        if b"0x" in raw or b"0X" in raw:
+            raw = _line_template(line, raw)
+        tpl = _template(raw)
         if not tpl.general:
-            if tpl.src:
-                return Prepared((tpl.key, "".join([line[i] for i in tpl.src])), line, tpl, None)
+            if tpl.pick is not None:
+                return Prepared((tpl.key, tpl.pick(line)), line, tpl, None)
             return Prepared(tpl.key, line, tpl, None)
     plain = _plain_ascii(line)
     shown = _redact(line, plain)
@@ -344,7 +354,7 @@ def select_prepared(first_error: Iterable[Prepared], tail: Iterable[Prepared],
                     max_tail: int = 48) -> tuple[list[Prepared], list[Prepared]]:
     """(first error block, tail) with blanks and repeats dropped (ranks print the same error),
     keeping the first copy of each; of the tail only its last ``max_tail`` distinct lines."""
-    seen: set[str | tuple[str, str]] = set()
+    seen: set[Key] = set()
     first = []
     for p in first_error:
         if p.key and p.key not in seen:
