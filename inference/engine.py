@@ -116,11 +116,12 @@ def _root_line(lines: Sequence[Line]) -> int | None:
 
 def _evidence(enc: Encoded, attention: Sequence[float]) -> list[str]:
     """The line stating the failure (:func:`_root_line`: attention alone often picks a GPU
-    banner or an import of the traceback) and the lines that received most attention, in log
-    order, :data:`EVIDENCE_LINES` in all."""
+    banner or an import of the traceback) and the lines that received most attention, bar a
+    traceback's header, frames and imports, in log order, at most :data:`EVIDENCE_LINES`."""
     weight: dict[int, float] = {}
     for owner, w in zip(enc.owners, attention, strict=False):
-        if enc.lines[owner].shown:
+        shown = enc.lines[owner].shown
+        if shown and not _NOT_A_CAUSE.match(shown):  # no traceback header, frame or import
             weight[owner] = weight.get(owner, 0.0) + w
     root = _root_line(enc.lines)
     chosen = [] if root is None else [root]
