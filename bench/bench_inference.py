@@ -1,14 +1,27 @@
-"""Inference throughput and latency: the recurrent model against the TF-IDF baseline.
+"""Inference throughput and latency per CPU core: preprocessing, forward pass, both.
 
-For batch sizes 1, 8 and 64 of 96 distinct windows of 448-512 tokens, times
-``predict`` end to end (preprocessing, tokenization, bucketing, forward pass, decisions: what
-a stream worker pays), and the forward pass alone on pre-encoded windows, and reports
-windows/s and the p50/p99 latency of one batch (each configuration timed ``--runs`` times: the
-run with the median windows/s is reported, with every run's windows/s and the load average
-before and after, since the machine may be shared). Writes
-bench/results/inference[-<device>].json and prints a table.
+Windows are shaped like the pipeline benchmark's failed jobs (``--shape pipeline``, the
+default): 200 lines of a data-parallel training log (``common.TrainingLog``, each job at its
+own offset of the pool) and a traceback (``bench_pipeline.failure_tail``), kept by the stream's
+own ``TailWindow``; ``--shape corpus`` instead takes eight generated failure logs end to end.
+Every window is distinct (no window is timed twice in a row before the pool wraps).
 
-    python bench/bench_inference.py [--model PATH] [--device cpu|cuda] [--threads N] [--runs N]
+Rows (torch threads: ``--threads``, default 1, i.e. one core):
+
+- ``preprocess``: ``encode_window`` alone (redaction, masking, line selection, token ids),
+  the line-template cache warm as in a long-running worker (its size is reported);
+- ``forward``: length bucketing and the forward pass on already encoded windows;
+- ``end to end``: ``ModelClassifier.predict`` (both, and the decisions);
+- ``incremental``: the decision when the lines were fed to an ``IncrementalFeatures`` as they
+  arrived (the feeding is not timed): ``encode`` plus ``predict_encoded``;
+- ``tf-idf``: the TF-IDF baseline's ``predict``.
+
+Each configuration is timed ``--runs`` times for ``--seconds``; the run with the median
+windows/s is reported with the p50/p99 latency of one batch, every run's windows/s and the
+load average (the machine may be shared). Writes bench/results/inference[-<device>].json.
+
+    python bench/bench_inference.py [--model PATH] [--device cpu|cuda] [--threads N]
+                                    [--shape pipeline|corpus] [--batches 1,64] [--runs N]
 """
 
 from __future__ import annotations
@@ -31,13 +44,9 @@ logger = logging.getLogger(__name__)
 RESULTS = Path(__file__).parent / "results"
 
 
-def _windows(n: int, max_tokens: int) -> list[Any]:
-    """``n`` distinct windows of at least 7/8 of ``max_tokens`` tokens (mean: see the result).
-
-    Each is eight failures' logs end to end. Few windows reach the full budget (the tail keeps
-    48 distinct lines): requiring it kept 3 of 96 candidates, so the benchmark used to cycle
-    through 3 windows.
-    """
+def _corpus_windows(n: int, max_tokens: int) -> list[Any]:
+    """``n`` distinct windows of at least 7/8 of ``max_tokens`` tokens, each eight generated
+    failures' logs end to end."""
     from sibylla.inference.features import window_tokens
     from sibylla.inference.preprocess import window_from_text
     from sibylla.inference.synthetic import generate
@@ -52,6 +61,23 @@ def _windows(n: int, max_tokens: int) -> list[Any]:
         if len(out) == n:
             break
     return out
+
+
+def _pipeline_logs(n: int) -> list[list[str]]:
+    """``n`` failed jobs' outputs as the pipeline benchmark sends them."""
+    from bench_pipeline import failure_tail
+    from common import LinePool
+
+    pool = LinePool()
+    return [pool.take(f"fail-{i}", 200) + failure_tail(i) for i in range(n)]
+
+
+def _window(lines: Sequence[str], job_id: str) -> Any:
+    from sibylla.streams.window import DEFAULT_LIMITS, TailWindow
+
+    window = TailWindow(DEFAULT_LIMITS)
+    window.extend(lines, 0.0)
+    return window.to_log_window(job_id, 0)
 
 
 def _time(predict: Callable[[Sequence[Any]], Any], windows: Sequence[Any], batch: int,
@@ -81,11 +107,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="", help="model file (default: the shipped model)")
     parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
-    parser.add_argument("--threads", type=int, default=0, help="torch threads (0: default)")
+    parser.add_argument("--threads", type=int, default=1, help="torch threads (default: 1)")
+    parser.add_argument("--shape", default="pipeline", choices=["pipeline", "corpus"])
+    parser.add_argument("--windows", type=int, default=1024, help="distinct windows")
     parser.add_argument("--seconds", type=float, default=3.0, help="timing per configuration")
-    parser.add_argument("--batches", default="1,8,64")
+    parser.add_argument("--batches", default="1,64")
     parser.add_argument("--runs", type=int, default=3,
                         help="timings per configuration; the median windows/s is reported")
+    parser.add_argument("--no-tfidf", action="store_true", help="skip the TF-IDF rows")
     parser.add_argument("--out", default="", help="results file")
     args = parser.parse_args(argv)
 
@@ -93,47 +122,74 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     from sibylla.inference.baselines import TfidfLogReg
     from sibylla.inference.engine import load_classifier, score_sequences
-    from sibylla.inference.features import MAX_TOKENS, encode_window, window_tokens
+    from sibylla.inference.features import MAX_TOKENS, encode_window
     from sibylla.inference.preprocess import window_from_text
     from sibylla.inference.synthetic import generate
 
-    if args.threads:
-        torch.set_num_threads(args.threads)
+    try:  # absent before the incremental featuriser: the script also times older commits
+        from sibylla.inference.incremental import IncrementalFeatures
+        from sibylla.inference.preprocess import _template
+    except ImportError:
+        IncrementalFeatures = _template = None  # type: ignore[assignment,misc]
+
+    torch.set_num_threads(args.threads)
     model = load_classifier(args.model or None, device=args.device)
-    windows = _windows(96, MAX_TOKENS)
-    tokens = statistics.mean(len(window_tokens(w)[0]) for w in windows)
-    train = generate(400, seed=1)
-    tfidf = TfidfLogReg().fit([window_from_text(r.log) for r in train],
-                              [r.category for r in train])
+    if args.shape == "pipeline":
+        logs = _pipeline_logs(args.windows)
+        windows = [_window(lines, str(i)) for i, lines in enumerate(logs)]
+    else:
+        windows = _corpus_windows(min(args.windows, 96), MAX_TOKENS)
+        logs = [[*w.tail] for w in windows]  # the corpus windows' tails fit the limits
+    encoded = {id(w): encode_window(w, model.vocab) for w in windows}
+    tokens = statistics.mean(len(e.ids) for e in encoded.values())
+    features = {}
+    for w, lines in zip(windows, logs, strict=True) if IncrementalFeatures else ():
+        f = IncrementalFeatures()
+        f.feed(lines)
+        assert f.encode(model.vocab) == encoded[id(w)], "incremental != batch"
+        features[id(w)] = f
     batches = [int(b) for b in args.batches.split(",")]
-    encoded = {id(w): encode_window(w, model.vocab).ids for w in windows}
 
-    def forward_only(chunk: Sequence[Any]) -> Any:
-        """The model's share alone: bucketing and forward pass on already encoded windows."""
-        return score_sequences(model.model, [encoded[id(w)] for w in chunk], 64, model.device)
+    def preprocess(chunk: Sequence[Any]) -> Any:
+        return [encode_window(w, model.vocab) for w in chunk]
 
+    def forward(chunk: Sequence[Any]) -> Any:
+        return score_sequences(model.model, [encoded[id(w)].ids for w in chunk], 64,
+                               model.device)
+
+    def incremental(chunk: Sequence[Any]) -> Any:
+        return model.predict_encoded([features[id(w)].encode(model.vocab) for w in chunk])
+
+    configs: list[tuple[str, Callable[[Sequence[Any]], Any]]] = [
+        ("preprocess", preprocess), ("forward", forward), ("end to end", model.predict)]
+    if features:
+        configs.append(("incremental", incremental))
+    if not args.no_tfidf:
+        train = generate(400, seed=1)
+        tfidf = TfidfLogReg().fit([window_from_text(r.log) for r in train],
+                                  [r.category for r in train])
+        configs.append(("tf-idf", tfidf.predict))
     load_before = os.getloadavg()
     rows = []
-    for name, predict in (("model", model.predict), ("tf-idf", tfidf.predict),
-                          ("model forward only", forward_only)):
-        if name == "tf-idf" and args.device == "cuda":
-            continue  # the baseline is CPU-only
+    for name, predict in configs:
         for batch in batches:
             runs = [_time(predict, windows, batch, args.seconds) for _ in range(args.runs)]
             runs.sort(key=lambda r: r["windows_per_s"])
-            row = {"classifier": name, **runs[len(runs) // 2],
+            row = {"stage": name, **runs[len(runs) // 2],
                    "windows_per_s_runs": [r["windows_per_s"] for r in runs]}
             rows.append(row)
-            print(f"{name:18s} batch {batch:4d}: {row['windows_per_s']:9.1f} windows/s  "
-                  f"p50 {row['p50_ms']:8.2f} ms  p99 {row['p99_ms']:8.2f} ms")
+            print(f"{name:12s} batch {batch:4d}: {row['windows_per_s']:9.1f} windows/s  "
+                  f"p50 {row['p50_ms']:8.2f} ms  p99 {row['p99_ms']:8.2f} ms", flush=True)
     result = {
         "model_version": model.version,
         "device": args.device + (f" ({torch.cuda.get_device_name()})"
                                  if args.device == "cuda" else ""),
         "torch_threads": torch.get_num_threads(),
         "cpu": platform.processor() or platform.machine(),
+        "shape": args.shape,
         "mean_tokens_per_window": round(tokens, 1),
         "windows": len(windows),
+        "line_templates_cached": _template.cache_info().currsize if _template else None,
         "runs": args.runs,
         "loadavg_1_5_15_before": [round(x, 2) for x in load_before],
         "loadavg_1_5_15_after": [round(x, 2) for x in os.getloadavg()],
@@ -143,9 +199,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         "inference.json" if args.device == "cpu" else f"inference-{args.device}.json")
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=2) + "\n")
-    print("\n| classifier | batch | windows/s | p50 ms | p99 ms |\n|---|---|---|---|---|")
+    print("\n| stage | batch | windows/s | p50 ms | p99 ms |\n|---|---|---|---|---|")
     for row in rows:
-        print(f"| {row['classifier']} | {row['batch']} | {row['windows_per_s']} | "
+        print(f"| {row['stage']} | {row['batch']} | {row['windows_per_s']} | "
               f"{row['p50_ms']} | {row['p99_ms']} |")
     print(f"\nwrote {out}")
     return 0

@@ -3,24 +3,31 @@
 - :class:`RegexRules`: what schedulers do today: retry when a transient-error pattern matches.
 - :class:`TfidfLogReg`: TF-IDF over the model's own tokens (unigrams and bigrams) and a
   multinomial logistic regression over the categories, in torch (no scikit-learn dependency).
+- :class:`CharTfidfLogReg`: the same regression over character 3-5-grams within words
+  (scikit-learn's ``char_wb``) of the lines the model reads, digits and hex folded: robust to
+  words no vocabulary has seen, the strongest cheap baseline on unseen projects.
 - :class:`ConstantVerdict`: always retry, or never retry.
 """
 
 from __future__ import annotations
 
+import functools
 import math
 import re
+import warnings
 from collections import Counter
 from collections.abc import Sequence
 
+import numpy as np
 import torch
 
 from .api import LogWindow, Prediction
 from .features import window_tokens
+from .preprocess import select_window
 from .taxonomy import CATEGORIES, DETERMINISTIC, LABELS
 from .vocab import Vocabulary
 
-__all__ = ["TRANSIENT", "ConstantVerdict", "RegexRules", "TfidfLogReg"]
+__all__ = ["TRANSIENT", "CharTfidfLogReg", "ConstantVerdict", "RegexRules", "TfidfLogReg"]
 
 # A transient-error pattern of the kind cluster schedulers and retry wrappers use.
 TRANSIENT = re.compile(
@@ -108,35 +115,146 @@ class TfidfLogReg:
         df = Counter(i for doc in docs for i in set(self.vocab.encode(doc)))
         self.idf = [math.log((1 + len(docs)) / (1 + df.get(i, 0))) + 1
                     for i in range(len(self.vocab))]
-        x = self._features(docs)
-        y = torch.tensor([CATEGORIES.index(c) for c in categories])
-        weight = torch.zeros(len(self.vocab), len(CATEGORIES), requires_grad=True)
-        bias = torch.zeros(len(CATEGORIES), requires_grad=True)
-        opt = torch.optim.Adam([weight, bias], lr=0.1)
-        for _ in range(self.steps):
-            opt.zero_grad()
-            logits = torch.sparse.mm(x, weight) + bias
-            loss = torch.nn.functional.cross_entropy(logits, y) + self.l2 * weight.pow(2).sum()
-            loss.backward()
-            opt.step()
-        self.weight = torch.cat([weight.detach(), bias.detach()[None]], dim=0)
+        self.weight = _fit_softmax(self._features(docs), categories, len(self.vocab), self.l2,
+                                   self.steps)
         return self
 
     def predict(self, windows: Sequence[LogWindow]) -> list[Prediction]:
         if self.weight is None:
             raise RuntimeError("TfidfLogReg.predict before fit")
-        x = self._features(self._docs(windows))
-        probs = torch.softmax(torch.sparse.mm(x, self.weight[:-1]) + self.weight[-1], dim=1)
-        det = torch.tensor([c in DETERMINISTIC for c in CATEGORIES])
-        out = []
-        for row, window in zip(probs, windows, strict=True):
-            if window.empty:
-                out.append(Prediction("unknown", 0.0, "no_log", []))
-                continue
-            p_det = float(row[det].sum())
-            label = LABELS[0] if p_det >= 0.5 else LABELS[1]
-            allowed = row.masked_fill(det != (label == LABELS[0]), -1.0)
-            category = CATEGORIES[int(allowed.argmax())]
-            out.append(Prediction(label, round(max(p_det, 1 - p_det), 4), category, []))  # type: ignore[arg-type]
-        return out
+        return _decide_softmax(self._features(self._docs(windows)), self.weight, windows)
 
+
+def _fit_softmax(x: torch.Tensor, categories: Sequence[str], n_features: int, l2: float,
+                 steps: int) -> torch.Tensor:
+    """Weights (features + 1 bias row, categories) of an L2-regularised softmax regression,
+    full-batch Adam with the gradient written out: CSR products both ways are ~10x faster on a
+    CPU than autograd through a sparse COO product."""
+    y = torch.nn.functional.one_hot(torch.tensor([CATEGORIES.index(c) for c in categories]),
+                                    len(CATEGORIES)).float()
+    with warnings.catch_warnings():  # "sparse CSR support is in beta"
+        warnings.simplefilter("ignore", UserWarning)
+        x_csr = x.coalesce().to_sparse_csr()
+        xt_csr = x.coalesce().t().coalesce().to_sparse_csr()
+    weight = torch.zeros(n_features, len(CATEGORIES))
+    bias = torch.zeros(len(CATEGORIES))
+    weight.grad, bias.grad = torch.zeros_like(weight), torch.zeros_like(bias)
+    opt = torch.optim.Adam([weight, bias], lr=0.1)
+    n = max(1, x.shape[0])
+    for _ in range(steps):
+        probs = torch.softmax(x_csr @ weight + bias, dim=1)
+        residual = (probs - y) / n  # d(mean cross-entropy) / d(logits)
+        weight.grad = xt_csr @ residual + 2 * l2 * weight
+        bias.grad = residual.sum(0)
+        opt.step()
+    return torch.cat([weight, bias[None]], dim=0)
+
+
+def _decide_softmax(x: torch.Tensor, weight: torch.Tensor, windows: Sequence[LogWindow]
+                    ) -> list[Prediction]:
+    """Verdict (the summed probability of the deterministic categories), confidence and the
+    verdict's most likely category, per window; ``unknown``/``no_log`` for an empty one."""
+    probs = torch.softmax(torch.sparse.mm(x, weight[:-1]) + weight[-1], dim=1)
+    det = torch.tensor([c in DETERMINISTIC for c in CATEGORIES])
+    out = []
+    for row, window in zip(probs, windows, strict=True):
+        if window.empty:
+            out.append(Prediction("unknown", 0.0, "no_log", []))
+            continue
+        p_det = float(row[det].sum())
+        label = LABELS[0] if p_det >= 0.5 else LABELS[1]
+        allowed = row.masked_fill(det != (label == LABELS[0]), -1.0)
+        category = CATEGORIES[int(allowed.argmax())]
+        out.append(Prediction(label, round(max(p_det, 1 - p_det), 4), category, []))  # type: ignore[arg-type]
+    return out
+
+
+# Hex words and digits folded, as the issue's scikit-learn baseline did: a run of digits is one
+# ``0``, a hex word (``0x...``, or 8+ hex characters with a digit) ``0x``.
+_HEX_WORD = re.compile(r"\b0x[0-9a-f]+\b|\b(?=[0-9a-f]*\d)[0-9a-f]{8,}\b")
+_DIGITS = re.compile(r"\d+")
+
+
+@functools.lru_cache(maxsize=1 << 17)
+def _char_ngrams(word: str, low: int = 3, high: int = 5) -> tuple[str, ...]:
+    """scikit-learn's ``char_wb`` n-grams of one word: the word padded with a space each side,
+    every n-gram for n in [low, high]; a word shorter than n gives itself once."""
+    padded = f" {word} "
+    out = []
+    for n in range(low, high + 1):
+        if len(padded) <= n:
+            out.append(padded)
+            continue
+        out.extend(padded[i : i + n] for i in range(len(padded) - n + 1))
+    return tuple(out)
+
+
+def _char_doc(window: LogWindow) -> Counter[str]:
+    """Word counts of the lines the model reads (masked, lower-cased, digits and hex folded)."""
+    first, tail = select_window(window)
+    text = "\n".join(p.line.masked for p in (*first, *tail)).lower()
+    return Counter(_DIGITS.sub("0", _HEX_WORD.sub("0x", text)).split())
+
+
+class CharTfidfLogReg:
+    """Character 3-5-gram TF-IDF (sublinear tf, L2-normalised) + softmax regression."""
+
+    version = "char-tfidf-logreg"
+
+    def __init__(self, l2: float = 1e-5, steps: int = 150, min_count: int = 2,
+                 max_features: int = 200_000) -> None:
+        self.l2, self.steps, self.min_count, self.max_features = l2, steps, min_count, max_features
+        self.index: dict[str, int] = {}
+        self.idf: np.ndarray | None = None
+        self.weight: torch.Tensor | None = None
+        self._word_ids: dict[str, np.ndarray] = {}
+
+    def _ids(self, word: str) -> np.ndarray:
+        ids = self._word_ids.get(word)
+        if ids is None:
+            index = self.index
+            ids = np.fromiter((index[g] for g in _char_ngrams(word) if g in index), np.int64)
+            if len(self._word_ids) < 1 << 18:
+                self._word_ids[word] = ids
+        return ids
+
+    def _features(self, docs: Sequence[Counter[str]]) -> torch.Tensor:
+        assert self.idf is not None
+        rows, cols, vals = [], [], []
+        for r, doc in enumerate(docs):
+            parts = [(self._ids(w), c) for w, c in doc.items()]
+            ids = np.concatenate([p for p, _ in parts] or [np.zeros(0, np.int64)])
+            weights = np.concatenate([np.full(len(p), c, np.float64) for p, c in parts]
+                                     or [np.zeros(0)])
+            uniq, inverse = np.unique(ids, return_inverse=True)
+            counts = np.bincount(inverse, weights=weights, minlength=len(uniq))
+            tfidf = (1 + np.log(counts)) * self.idf[uniq] if len(uniq) else counts
+            norm = float(np.sqrt((tfidf ** 2).sum())) or 1.0
+            rows.append(np.full(len(uniq), r))
+            cols.append(uniq)
+            vals.append(tfidf / norm)
+        indices = torch.from_numpy(np.stack([np.concatenate(rows or [np.zeros(0, np.int64)]),
+                                             np.concatenate(cols or [np.zeros(0, np.int64)])]))
+        return torch.sparse_coo_tensor(
+            indices.long(), torch.from_numpy(np.concatenate(vals or [np.zeros(0)])).float(),
+            (len(docs), len(self.index)), check_invariants=False).coalesce()
+
+    def fit(self, windows: Sequence[LogWindow], categories: Sequence[str]) -> CharTfidfLogReg:
+        docs = [_char_doc(w) for w in windows]
+        df: Counter[str] = Counter()
+        for doc in docs:
+            df.update({g for w in doc for g in _char_ngrams(w)})
+        kept = sorted((g for g, c in df.items() if c >= self.min_count),
+                      key=lambda g: (-df[g], g))[: self.max_features]
+        self.index = {g: i for i, g in enumerate(kept)}
+        self._word_ids = {}
+        self.idf = np.array([math.log((1 + len(docs)) / (1 + df[g])) + 1 for g in kept])
+        self.weight = _fit_softmax(self._features(docs), categories, len(kept), self.l2,
+                                   self.steps)
+        return self
+
+    def predict(self, windows: Sequence[LogWindow]) -> list[Prediction]:
+        if self.weight is None:
+            raise RuntimeError("CharTfidfLogReg.predict before fit")
+        return _decide_softmax(self._features([_char_doc(w) for w in windows]), self.weight,
+                               windows)

@@ -11,11 +11,11 @@ import json
 import sys
 from typing import Any
 
-from .corpus import REAL_FILES
+from .corpus import HELD_OUT_FILE
 
 __all__ = ["register"]
 
-HELD_OUT = REAL_FILES[1]  # never trained on
+HELD_OUT = HELD_OUT_FILE  # never trained on
 
 
 def register(subparsers: Any) -> None:
@@ -34,10 +34,14 @@ def register(subparsers: Any) -> None:
 
     evaluate = subparsers.add_parser(
         "evaluate", help="score the model and the baselines on a corpus file",
-        description="Accuracy, macro-F1, per-class precision/recall, deterministic precision at "
-                    "the operating threshold, abstention, confusion matrix and per-category "
+        description="Accuracy, macro-F1, per-class precision/recall, deterministic precision "
+                    "(with its 95%% Wilson interval) at the operating threshold and at a "
+                    "threshold cross-fitted by project, abstention, the cost curve, the evidence "
+                    "hit rate on records with a cause line, confusion matrix and per-category "
                     "accuracy of the model and of every baseline.")
-    evaluate.add_argument("--data", default="", help=f"corpus JSONL (default: packaged {HELD_OUT})")
+    evaluate.add_argument("--data", nargs="*", default=[],
+                          help="corpus JSONL file(s) (default: every packaged real_public_*.jsonl "
+                               "the model was not trained on)")
     evaluate.add_argument("--model", default="", help="model file (default: the shipped model)")
     evaluate.add_argument("--json", action="store_true", help="one JSON object on stdout")
     evaluate.add_argument("--lofo", action="store_true",
@@ -99,13 +103,14 @@ def _evaluate(args: argparse.Namespace) -> int:
     if args.lofo:
         return _lofo(args)
     from .checkpoint import ModelLoadError
-    from .corpus import load_records, packaged_path
+    from .corpus import load_records
     from .engine import load_classifier
-    from .evaluate import evaluate_file, format_table
+    from .evaluate import evaluate_file, format_report
 
     try:
         model = load_classifier(args.model or None, device="cpu")
-        records = load_records(args.data or packaged_path(HELD_OUT))
+        paths = args.data or _held_out_files(model.meta)
+        records = [r for path in paths for r in load_records(path)]
     except (ModelLoadError, ValueError, OSError) as exc:
         print(f"sibylla evaluate: {exc}", file=sys.stderr)
         return 2
@@ -113,12 +118,13 @@ def _evaluate(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(report, sort_keys=True))
         return 0
-    print(f"{args.data or HELD_OUT}: {len(records)} records; model {model.version} at "
-          f"threshold {model.threshold:.2f}")
+    names = ", ".join(str(getattr(path, "name", path)) for path in paths)
+    print(f"{names}: {len(records)} records from {report['projects']} projects; model "
+          f"{model.version} at threshold {model.threshold:.2f}")
     if report["overlap_with_training"]:
         print(f"WARNING: {report['overlap_with_training']} records share a source with the "
               "training data; these are not held-out scores")
-    print(format_table(report))
+    print(format_report(report))
     m = report["model"]
     print("\nmodel per class:", json.dumps(m["per_class"]))
     print("model confusion (true -> predicted):", json.dumps(m["confusion"]))
@@ -127,6 +133,15 @@ def _evaluate(args: argparse.Namespace) -> int:
         print(f"  {cat:30s} n={row['n']:3d} verdict {row['verdict_accuracy']:.2f} "
               f"category {row['category_accuracy']:.2f}")
     return 0
+
+
+def _held_out_files(meta: dict[str, Any]) -> list[Any]:
+    """Every packaged real corpus file the model with metadata ``meta`` was not trained on."""
+    from .corpus import REAL_FILES, packaged_path
+    from .train import TrainConfig
+
+    trained = set(TrainConfig.from_meta(meta).real_files)
+    return [packaged_path(name) for name in REAL_FILES if name not in trained]
 
 
 def _lofo(args: argparse.Namespace) -> int:

@@ -17,16 +17,30 @@ from pathlib import Path
 from .taxonomy import CATEGORIES, label_of
 
 __all__ = [
+    "HELD_OUT_FILE",
     "REAL_FILES",
+    "TRAIN_FILE",
     "Record",
+    "project_of",
     "load_records",
     "packaged_path",
     "split_by_source",
 ]
 
-# The real corpus shipped in the package: file a trains the shipped model, file d (other
-# projects entirely) is held out for the headline numbers.
-REAL_FILES = ("real_public_a.jsonl", "real_public_d.jsonl")
+
+def _real_files() -> tuple[str, ...]:
+    """Every ``real_public_*.jsonl`` shipped in the package, sorted: adding a file needs no
+    code change."""
+    folder = Path(str(resources.files("sibylla.inference") / "data"))
+    return tuple(sorted(p.name for p in folder.glob("real_public_*.jsonl")))
+
+
+# The real corpus shipped in the package, sorted by name: file a trains the shipped model,
+# file d (other projects entirely) is held out for its headline numbers; later files (e, f, ...,
+# other projects again) are held out too.
+REAL_FILES = _real_files()
+TRAIN_FILE = "real_public_a.jsonl"
+HELD_OUT_FILE = "real_public_d.jsonl"
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,6 +53,7 @@ class Record:
     category: str
     label: str
     log: str
+    cause: str = ""  # the exact log line that shows the root cause, when annotated
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), ensure_ascii=False)
@@ -58,7 +73,10 @@ def load_records(path: str | Path) -> list[Record]:
                 continue
             try:
                 raw = json.loads(line)
-                rec = Record(**{k: raw[k] for k in Record.__dataclass_fields__})
+                rec = Record(**{k: raw[k] for k in Record.__dataclass_fields__ if k != "cause"},
+                             cause=raw.get("cause") or "")
+                if not isinstance(rec.cause, str):
+                    raise TypeError("cause is not a string")
             except (KeyError, TypeError, json.JSONDecodeError) as exc:
                 raise ValueError(f"{path}:{n}: not a corpus record ({exc})") from None
             if rec.category not in CATEGORIES or label_of(rec.category) != rec.label:
@@ -68,6 +86,10 @@ def load_records(path: str | Path) -> list[Record]:
     return out
 
 
+def project_of(record: Record) -> str:
+    """The repository a record's thread belongs to (``owner/repo`` of ``owner/repo#123``):
+    what evaluation holds out together."""
+    return record.source.split("#", 1)[0].strip().lower()
 
 
 def split_by_source(records: Sequence[Record], test_fraction: float, salt: str = ""

@@ -12,16 +12,18 @@ from __future__ import annotations
 import copy
 import logging
 import math
+import re
 import threading
 from collections.abc import Sequence
 from typing import Any
 
 import torch
 
-from .api import LogWindow, Prediction, VerdictLabel
+from .api import LogWindow, Prediction, VerdictLabel, is_error_start
 from .checkpoint import Checkpoint, load_checkpoint
 from .features import MAX_TOKENS, Encoded, encode_window, pad_batch
 from .model import RecurrentClassifier
+from .preprocess import Line
 from .taxonomy import CATEGORIES, DETERMINISTIC, LABELS
 
 __all__ = [
@@ -87,14 +89,48 @@ def _softmax2(logits: Sequence[float], temperature: float) -> tuple[float, float
     return ea / (ea + eb), eb / (ea + eb)
 
 
+# The line that states a failure: an exception raised (``KeyError: (1, 2)``,
+# ``torch.OutOfMemoryError: CUDA out of memory``), possibly behind a rank or logger prefix, or
+# an error banner. Not the frames, source lines or imports of a traceback, nor GPU banners.
+_EXCEPTION_LINE = re.compile(
+    r"^(?:\[[^\]]*\]:?\s*|\w+:\s+)?(?:[\w.]+\.)?[A-Z]\w*(?:Error|Exception|Exit|Interrupt)\b"
+    r"|\b[A-Z]\w*(?:Error|Exception)(?::\s|$)")
+_NOT_A_CAUSE = re.compile(r"^(?:Traceback \(most recent|File \"|from \S+ import |import \S|"
+                          r"During handling of|The above exception)")
+
+
+def _root_line(lines: Sequence[Line]) -> int | None:
+    """Index of the first line that states the failure: the first exception line, else the
+    first error-opening line that is not a traceback's header (see :data:`ERROR_START`)."""
+    fallback = None
+    for i, line in enumerate(lines):
+        text = line.shown
+        if not text or _NOT_A_CAUSE.match(text):
+            continue
+        if _EXCEPTION_LINE.search(text):
+            return i
+        if fallback is None and is_error_start(text):
+            fallback = i
+    return fallback
+
+
 def _evidence(enc: Encoded, attention: Sequence[float]) -> list[str]:
-    """The lines that received most attention, in log order."""
+    """The line stating the failure (:func:`_root_line`: attention alone often picks a GPU
+    banner or an import of the traceback) and the lines that received most attention, bar a
+    traceback's header, frames and imports, in log order, at most :data:`EVIDENCE_LINES`."""
     weight: dict[int, float] = {}
     for owner, w in zip(enc.owners, attention, strict=False):
-        if enc.lines[owner].shown:
+        shown = enc.lines[owner].shown
+        if shown and not _NOT_A_CAUSE.match(shown):  # no traceback header, frame or import
             weight[owner] = weight.get(owner, 0.0) + w
-    top = sorted(sorted(weight, key=weight.__getitem__, reverse=True)[:EVIDENCE_LINES])
-    return [enc.lines[i].shown for i in top]
+    root = _root_line(enc.lines)
+    chosen = [] if root is None else [root]
+    for i in sorted(weight, key=weight.__getitem__, reverse=True):
+        if len(chosen) >= EVIDENCE_LINES:
+            break
+        if i != root:
+            chosen.append(i)
+    return [enc.lines[i].shown for i in sorted(chosen)]
 
 
 # Category indices of each verdict: a prediction's category agrees with its verdict.
@@ -135,13 +171,20 @@ class ModelClassifier:
         # Always the full budget, even for a model trained on a smaller one (a training-speed
         # knob): more of the window never hurt. The drift bench's initial model, trained at 256
         # tokens, scored 0.965 served at 512 and 0.87 served at 256 on the same 400 jobs.
-        live = [i for i, w in enumerate(windows) if not w.empty]  # "no log": no verdict
-        encoded = [encode_window(windows[i], self.vocab, MAX_TOKENS) for i in live]
+        return self.predict_encoded([None if w.empty else  # "no log": no verdict
+                                     encode_window(w, self.vocab, MAX_TOKENS) for w in windows])
+
+    def predict_encoded(self, encoded: Sequence[Encoded | None]) -> list[Prediction]:
+        """:meth:`predict` of windows already encoded with this model's vocabulary (e.g. by an
+        :class:`~.incremental.IncrementalFeatures`); None stands for an empty window."""
+        live = [i for i, enc in enumerate(encoded) if enc is not None]
         with self._lock:
-            scores = score_sequences(self.model, [enc.ids for enc in encoded],
+            scores = score_sequences(self.model, [encoded[i].ids for i in live],  # type: ignore[union-attr]
                                      self.batch_size, self.device)
-        out = [Prediction("unknown", 0.0, NO_LOG, []) for _ in windows]
-        for row, (i, enc) in enumerate(zip(live, encoded, strict=True)):
+        out = [Prediction("unknown", 0.0, NO_LOG, []) for _ in encoded]
+        for row, i in enumerate(live):
+            enc = encoded[i]
+            assert enc is not None
             out[i] = self._decide(enc, scores.verdict_logits[row], scores.category_probs[row],
                                   scores.attention[row])
         return out

@@ -7,17 +7,33 @@ for the verdicts it commits to; ``decided_accuracy`` is the accuracy on those al
 
 from __future__ import annotations
 
+import math
 from collections import Counter
 from collections.abc import Sequence
 from typing import Any
 
 from .taxonomy import LABELS
 
-__all__ = ["score"]
+__all__ = ["score", "wilson_interval"]
 
 
 def _ratio(num: int, den: int) -> float:
     return round(num / den, 4) if den else 0.0
+
+
+def wilson_interval(successes: int, n: int, z: float = 1.96) -> tuple[float, float]:
+    """The Wilson score interval of a proportion (95 % by default); (0, 1) when ``n`` is 0.
+
+    Unlike the normal approximation it stays inside [0, 1] and is honest at the extremes:
+    46 right out of 46 gives a lower bound of 0.923, not 1.
+    """
+    if n == 0:
+        return 0.0, 1.0
+    p = successes / n
+    centre = p + z * z / (2 * n)
+    margin = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n))
+    den = 1 + z * z / n
+    return round(max(0.0, (centre - margin) / den), 4), round(min(1.0, (centre + margin) / den), 4)
 
 
 def score(labels: Sequence[str], verdicts: Sequence[str], categories: Sequence[str],
@@ -37,6 +53,8 @@ def score(labels: Sequence[str], verdicts: Sequence[str], categories: Sequence[s
     confusion: dict[str, dict[str, int]] = {
         y: dict(Counter(p for yy, p in pairs if yy == y)) for y in LABELS
     }
+    det_tp = sum(y == p == LABELS[0] for y, p in pairs)
+    det_decided = sum(p == LABELS[0] for _, p in pairs)
     per_category: dict[str, dict[str, float]] = {}
     for cat in sorted(set(categories)):
         rows = [i for i, c in enumerate(categories) if c == cat]
@@ -51,9 +69,14 @@ def score(labels: Sequence[str], verdicts: Sequence[str], categories: Sequence[s
         "accuracy": _ratio(sum(y == p for y, p in pairs), n),
         "macro_f1": round(sum(c["f1"] for c in per_class.values()) / len(LABELS), 4),
         "deterministic_precision": per_class["deterministic"]["precision"],
+        # 95 % Wilson interval of the precision, from its counts: how sure the figure is
+        "deterministic_precision_ci": list(wilson_interval(det_tp, det_decided)),
+        "deterministic_decided": det_decided,
+        "wrong_do_not_retry": det_decided - det_tp,
         "deterministic_recall": per_class["deterministic"]["recall"],
         "nondeterministic_recall": per_class["nondeterministic"]["recall"],
         "abstention_rate": _ratio(n - len(decided), n),
+        "coverage": _ratio(len(decided), n),
         "decided_accuracy": _ratio(sum(y == p for y, p in decided), len(decided)),
         "category_accuracy": _ratio(sum(c == p for c, p in zip(categories, predicted_categories,
                                                                strict=True)), n),

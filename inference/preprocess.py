@@ -20,9 +20,10 @@ on exactly what it sees in production.
 from __future__ import annotations
 
 import functools
+import operator
 import re
 from collections.abc import Callable, Iterable, Sequence
-from typing import NamedTuple
+from typing import NamedTuple, TypeVar
 
 from sibylla.streams.window import DEFAULT_LIMITS, TailWindow, WindowLimits
 
@@ -33,7 +34,12 @@ __all__ = [
     "SEPARATOR",
     "SEPARATOR_LINE",
     "Line",
+    "Prepared",
     "mask",
+    "prepare_line",
+    "select_prepared",
+    "select_window",
+    "budget_tokens",
     "model_lines",
     "redact",
     "select_lines",
@@ -185,24 +191,199 @@ class Line(NamedTuple):
 SEPARATOR_LINE = Line("", SEPARATOR)
 
 
-def _prepare(lines: Iterable[str], skip: set[str], done: dict[str, Line]) -> list[Line]:
-    """Redacted and masked lines, dropping blanks and repeats (ranks print the same error).
+# ---------------------------------------------------------------- the per-line fast path
+#
+# Every mask pattern treats the ten ASCII digits alike (``\d``, ``[0-9a-f]``, ``\w``, ``\b``)
+# except the literal ``0x`` of hex numbers: two plain ASCII lines that differ only in their digit
+# values, and not in which digits before an ``x`` are zeros, are masked at the same spans, and
+# their masked forms differ only in the digits that survive masking (``rank3`` keeps its 3).
+# A line's *template* (every digit ``0``, but ``1`` for a nonzero one before ``x`` or ``X``)
+# is therefore masked once and cached, with
+# the positions of its surviving digits; a line costs a translate, a dict lookup and the few
+# surviving digits. Tokens drop digits, so the template's tokens are the line's tokens too.
+# Lines that are not plain ASCII, or hold a secret, take the general path.
 
-    ``done`` remembers each raw line already prepared: a line printed again (by another rank,
-    or in both the error block and the tail) is redacted and masked once.
+_ZERO_DIGITS = str.maketrans("123456789", "000000000")
+_ZERO_DIGIT_BYTES = bytes.maketrans(b"123456789", b"000000000")  # bytes.translate: ~10x faster
+_NONZERO_BEFORE_X = re.compile(r"[1-9](?=[xX])")
+
+
+def _line_template(line: str, raw: bytes) -> bytes:
+    """ASCII ``line`` (``raw``: it encoded, digits translated by ``_ZERO_DIGIT_BYTES``, holding
+    ``0x`` or ``0X``) with every digit ``0``, except a nonzero digit before ``x``/``X``: ``1``."""
+    chars = bytearray(raw)
+    for m in _NONZERO_BEFORE_X.finditer(line):
+        chars[m.start()] = 49  # "1"
+    return bytes(chars)
+
+
+class _Template:
+    """A plain ASCII, secret-free line's masking, shared by every line of the same digit shape.
+
+    ``masked``: the masked template; ``key``: it stripped (empty: a blank line); ``src``/``dst``:
+    per surviving digit, its index in the raw line and in ``masked``; ``tokens``: filled on
+    first use (only kept lines are tokenized); ``ids``: per vocabulary, the tokens' ids.
     """
+
+    __slots__ = ("general", "masked", "key", "src", "dst", "pick", "tokens", "ids")
+
+    def __init__(self, raw_template: bytes) -> None:
+        template = raw_template.decode("ascii")
+        # Lines of this template take the general path when they hold a control character on
+        # which Unicode ``\s`` differs, or a secret. Neither depends on digit values: the
+        # secret patterns, like the masks, treat digits alike and hold no digit, so redaction
+        # changes a line exactly when it changes the line's template.
+        self.general = (_UNICODE_ONLY_SPACE.search(template) is not None
+                        or _redact(template, True) != template)
+        masked, origin = ("", []) if self.general else _mask_tracked(template)
+        self.masked = masked
+        self.key = masked.strip().translate(_ZERO_DIGITS)
+        dst = [j for j, c in enumerate(masked) if c in "01" and origin[j] >= 0]
+        self.dst = tuple(dst)
+        self.src = tuple(origin[j] for j in dst)
+        # the surviving digits of a line of this template, as _digits_value gives them
+        self.pick = operator.itemgetter(*self.src) if self.src else None
+        self.tokens: list[str] | None = None
+        self.ids: dict[int, list[int]] = {}
+
+
+def _mask_tracked(line: str) -> tuple[str, list[int]]:
+    """``_mask(line, plain=True)`` and, per output character, its index in ``line`` (-1 for a
+    placeholder's): the same patterns, screens and order, each substitution done by hand."""
+    has_digit = _DIGIT.search(line) is not None
+    origin = list(range(len(line)))
+    for pattern, placeholder, may_match in _MASKS_ASCII:
+        if not may_match(line, has_digit):
+            continue
+        pieces: list[str] = []
+        new_origin: list[int] = []
+        pos = 0
+        for m in pattern.finditer(line):
+            start, end = m.span()
+            pieces += (line[pos:start], placeholder)
+            new_origin += origin[pos:start]
+            new_origin += [-1] * len(placeholder)
+            pos = end
+        if pieces:
+            pieces.append(line[pos:])
+            new_origin += origin[pos:]
+            line, origin = "".join(pieces), new_origin
+    return line, origin
+
+
+# A template with its tokens and ids holds about 2.4 KB (measured with tracemalloc on the
+# pipeline benchmark's windows, whose 1,024 jobs print 67 templates): 16,384 of them bound
+# the cache near 40 MB.
+@functools.lru_cache(maxsize=1 << 14)
+def _template(template: bytes) -> _Template:
+    return _Template(template)
+
+
+Key = str | tuple[str, str | tuple[str, ...]]
+
+
+def _digits_key(masked: str) -> Key:
+    """A key equal for two masked lines exactly when their stripped texts are equal: the text
+    with every digit ``0``, and its digits (only when there are any): one digit as itself,
+    several as a tuple, as ``operator.itemgetter`` picks them from a line."""
+    stripped = masked.strip()
+    digits = [c for c in stripped if "0" <= c <= "9"]
+    shape = stripped.translate(_ZERO_DIGITS)
+    if not digits:
+        return shape
+    return shape, digits[0] if len(digits) == 1 else tuple(digits)
+
+
+class Prepared:
+    """One raw line prepared for selection: ``key`` (empty for a blank line; equal for lines
+    that mask to the same text) and, built only for the lines kept, its :class:`Line`."""
+
+    __slots__ = ("key", "raw", "template", "_line")
+
+    def __init__(self, key: Key, raw: str, template: _Template | None,
+                 line: Line | None) -> None:
+        self.key = key
+        self.raw = raw
+        self.template = template
+        self._line = line
+
+    @property
+    def line(self) -> Line:
+        if self._line is None:
+            tpl = self.template
+            assert tpl is not None
+            masked = tpl.masked
+            if tpl.dst:
+                chars = list(masked)
+                raw = self.raw
+                for j, i in zip(tpl.dst, tpl.src, strict=True):
+                    chars[j] = raw[i]
+                masked = "".join(chars)
+            self._line = Line(self.raw.strip(), masked)
+        return self._line
+
+    def tokens(self) -> list[str]:
+        """``tokenize(line.masked)`` plus ``<nl>``: what :func:`tokens_of_lines` gives it."""
+        tpl = self.template
+        if tpl is None:
+            return tokenize(self.line.masked) + [LINE_BREAK]
+        if tpl.tokens is None:
+            tpl.tokens = tokenize(tpl.masked) + [LINE_BREAK]
+        return tpl.tokens
+
+
+def prepare_line(line: str) -> Prepared:
+    """``line`` redacted and masked (see :class:`Prepared`); cheap for a line whose template
+    was seen before."""
+    if line.isascii():
+        raw = line.encode("ascii").translate(_ZERO_DIGIT_BYTES)
+        if b"0x" in raw or b"0X" in raw:
+            raw = _line_template(line, raw)
+        tpl = _template(raw)
+        if not tpl.general:
+            if tpl.pick is not None:
+                return Prepared((tpl.key, tpl.pick(line)), line, tpl, None)
+            return Prepared(tpl.key, line, tpl, None)
+    plain = _plain_ascii(line)
+    shown = _redact(line, plain)
+    masked = _mask(shown, plain)
+    return Prepared(_digits_key(masked), line, None, Line(shown.strip(), masked))
+
+
+def select_prepared(first_error: Iterable[Prepared], tail: Iterable[Prepared],
+                    max_tail: int = 48) -> tuple[list[Prepared], list[Prepared]]:
+    """(first error block, tail) with blanks and repeats dropped (ranks print the same error),
+    keeping the first copy of each; of the tail only its last ``max_tail`` distinct lines."""
+    seen: set[Key] = set()
+    first = []
+    for p in first_error:
+        if p.key and p.key not in seen:
+            seen.add(p.key)
+            first.append(p)
+    kept = []
+    for p in tail:
+        if p.key and p.key not in seen:
+            seen.add(p.key)
+            kept.append(p)
+    return first, kept[-max_tail:]
+
+
+def _prepare_all(lines: Iterable[str], done: dict[str, Prepared]) -> list[Prepared]:
     out = []
     for line in lines:
         prepared = done.get(line)
         if prepared is None:
-            plain = _plain_ascii(line)
-            shown = _redact(line, plain)
-            prepared = done[line] = Line(shown.strip(), _mask(shown, plain))
-        key = prepared.masked.strip()
-        if key and key not in skip:
-            skip.add(key)
-            out.append(prepared)
+            prepared = done[line] = prepare_line(line)
+        out.append(prepared)
     return out
+
+
+def select_window(window: LogWindow, max_tail: int = 48
+                  ) -> tuple[list[Prepared], list[Prepared]]:
+    """:func:`select_prepared` of ``window``'s lines (a line printed twice is prepared once)."""
+    done: dict[str, Prepared] = {}
+    return select_prepared(_prepare_all(window.first_error, done),
+                           _prepare_all(window.tail, done), max_tail)
 
 
 def select_lines(window: LogWindow, max_tail: int = 48) -> tuple[list[Line], list[Line]]:
@@ -211,11 +392,8 @@ def select_lines(window: LogWindow, max_tail: int = 48) -> tuple[list[Line], lis
     Only the last ``max_tail`` distinct tail lines are kept: the tail's job is to show how the
     process died, and the lines before are mostly progress noise.
     """
-    seen: set[str] = set()
-    done: dict[str, Line] = {}
-    first = _prepare(window.first_error, seen, done)
-    tail = _prepare(window.tail, seen, done)[-max_tail:]
-    return first, tail
+    first, tail = select_window(window, max_tail)
+    return [p.line for p in first], [p.line for p in tail]
 
 
 _CAMEL = re.compile(r"(?<=[a-z])(?=[A-Z])|(?<=[A-Z])(?=[A-Z][a-z])")
@@ -264,29 +442,39 @@ def tokens_of_lines(lines: Sequence[Line], max_tokens: int, max_line_tokens: int
          else tokenize(line.masked, max_line_tokens) + [LINE_BREAK])
         for line in lines
     ]
+    sep = next((i for i, line in enumerate(lines) if line is SEPARATOR_LINE), len(lines))
+    return budget_tokens(per_line, sep, max_tokens)
+
+
+T = TypeVar("T")
+
+
+def budget_tokens(per_line: Sequence[Sequence[T]], sep: int, max_tokens: int
+                  ) -> tuple[list[T], list[int]]:
+    """The budget of :func:`tokens_of_lines` applied to per-line token (or id) lists, the
+    separator's at index ``sep``: (flat list, line index of each entry)."""
     total = sum(len(toks) for toks in per_line)
+    keep: range | set[int] = range(len(per_line))
     if total > max_tokens:
         head_budget = max_tokens // 2
         used = 0
-        sep = next((i for i, line in enumerate(lines) if line is SEPARATOR_LINE), len(lines))
-        head_idx = []
+        n_head = 0
         for i in range(sep):
             if used + len(per_line[i]) > head_budget:
                 break
-            head_idx.append(i)
+            n_head += 1
             used += len(per_line[i])
-        tail_idx = []
-        for i in range(len(lines) - 1, len(head_idx) - 1, -1):
+        kept = set(range(n_head))
+        for i in range(len(per_line) - 1, n_head - 1, -1):
             if used + len(per_line[i]) > max_tokens:
                 break
-            tail_idx.append(i)
+            kept.add(i)
             used += len(per_line[i])
-        keep = set(head_idx) | set(tail_idx)
-        per_line = [toks if i in keep else [] for i, toks in enumerate(per_line)]
-    tokens: list[str] = []
+        keep = kept
+    tokens: list[T] = []
     owners: list[int] = []
-    for i, toks in enumerate(per_line):
+    for i in sorted(keep) if isinstance(keep, set) else keep:
+        toks = per_line[i]
         tokens.extend(toks)
         owners.extend([i] * len(toks))
     return tokens[:max_tokens], owners[:max_tokens]
-

@@ -26,7 +26,7 @@ from typing import Any, NamedTuple
 import torch
 
 from .checkpoint import Checkpoint
-from .corpus import REAL_FILES, Record, load_records, packaged_path, split_by_source
+from .corpus import TRAIN_FILE, Record, load_records, packaged_path, split_by_source
 from .engine import score_sequences
 from .features import MAX_TOKENS, pad_batch, window_tokens
 from .model import ModelConfig, RecurrentClassifier
@@ -74,7 +74,7 @@ class TrainConfig:
     lr: float = 4e-3
     weight_decay: float = 1e-4
     synthetic: int = 4000  # generated logs, balanced over the 16 categories
-    real_files: tuple[str, ...] = (REAL_FILES[0],)  # the real logs trained on; d is held out
+    real_files: tuple[str, ...] = (TRAIN_FILE,)  # the real logs trained on; d is held out
     real_copies: int = 6  # augmented copies of each real training log
     val_fraction: float = 0.15  # by source: whole message templates / issue threads
     min_count: int = 3  # a token enters the vocabulary when seen in this many logs

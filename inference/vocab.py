@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 from collections import Counter
 from collections.abc import Iterable, Sequence
 
@@ -9,6 +10,8 @@ __all__ = ["OOV", "PAD", "Vocabulary"]
 
 PAD = "<pad>"  # index 0: padding, masked out of pooling
 OOV = "<oov>"  # index 1: any token not in the vocabulary
+
+_SERIALS = itertools.count()
 
 
 class Vocabulary:
@@ -21,6 +24,8 @@ class Vocabulary:
         self.index = {tok: i for i, tok in enumerate(self.tokens)}
         if len(self.index) != len(self.tokens):
             raise ValueError("duplicate tokens in vocabulary")
+        # Identifies this vocabulary in caches of ids (an id() could be reused after GC).
+        self.serial = next(_SERIALS)
 
     @classmethod
     def build(cls, documents: Iterable[Iterable[str]], min_count: int = 2,

@@ -81,3 +81,30 @@ def test_a_window_of_blank_lines_is_no_log_for_the_model_and_the_pipeline(tiny: 
     assert not LogWindow("j", 0, tail=["", "Killed"]).empty
     [prediction] = ModelClassifier(tiny, device="cpu").predict([blank])
     assert (prediction.verdict, prediction.category) == ("unknown", NO_LOG)
+
+
+def test_evidence_names_the_exception_not_the_imports_of_its_traceback() -> None:
+    from sibylla.inference.engine import _root_line
+    from sibylla.inference.preprocess import Line
+
+    lines = [Line(text, text) for text in (
+        "Traceback (most recent call last):", 'File "/x/train.py", line 3, in <module>',
+        "from detectron2.config import get_cfg", "CUDA:1 (NVIDIA TITAN X, 12189MiB)",
+        "[rank0]: IndentationError: unindent does not match any outer indentation level",
+        "RuntimeError: later, collateral")]
+    assert _root_line(lines) == 4
+    assert _root_line([Line("NCCL WARN socket closed", "x"), Line("ok", "ok")]) == 0
+    assert _root_line([Line("all good", "x")]) is None
+
+
+def test_evidence_leaves_out_traceback_headers_frames_and_imports() -> None:
+    from sibylla.inference.engine import _evidence
+    from sibylla.inference.features import Encoded
+    from sibylla.inference.preprocess import Line
+
+    texts = ("Traceback (most recent call last):", 'File "/x/train.py", line 3, in <module>',
+             "from detectron2.config import get_cfg", "ValueError: bad shape", "step 9")
+    lines = [Line(t, t) for t in texts]
+    attention = [0.4, 0.3, 0.2, 0.05, 0.05]  # attention on the noise, as it happens
+    evidence = _evidence(Encoded([5] * 5, [0, 1, 2, 3, 4], lines), attention)
+    assert evidence == ["ValueError: bad shape", "step 9"]

@@ -3,14 +3,35 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
 from sibylla.cli import main
-from sibylla.inference.baselines import ConstantVerdict, RegexRules, TfidfLogReg
-from sibylla.inference.corpus import Record, load_records
-from sibylla.inference.metrics import score
+from sibylla.inference.api import Prediction
+from sibylla.inference.baselines import (
+    CharTfidfLogReg,
+    ConstantVerdict,
+    RegexRules,
+    TfidfLogReg,
+)
+from sibylla.inference.corpus import (
+    HELD_OUT_FILE,
+    REAL_FILES,
+    TRAIN_FILE,
+    Record,
+    load_records,
+    packaged_path,
+    project_of,
+)
+from sibylla.inference.evaluate import (
+    cause_in_evidence,
+    choose_operating_threshold,
+    cross_fitted,
+    evidence_hits,
+)
+from sibylla.inference.metrics import score, wilson_interval
 from sibylla.inference.preprocess import window_from_text
 from sibylla.inference.synthetic import generate
 from tests.inference.fixtures import NCCL_LOG, OOM_LOG
@@ -40,13 +61,15 @@ def test_rules_retry_transient_looking_errors() -> None:
         window_from_text(OOM_LOG)])} == {"nondeterministic"}
 
 
-def test_tfidf_baseline_learns_separable_categories() -> None:
+@pytest.mark.parametrize("baseline", [TfidfLogReg, CharTfidfLogReg])
+def test_tfidf_baselines_learn_separable_categories(baseline: type) -> None:
     records = generate(160, seed=11)
-    model = TfidfLogReg(steps=60).fit([window_from_text(r.log) for r in records],
-                                      [r.category for r in records])
+    model = baseline(steps=60).fit([window_from_text(r.log) for r in records],
+                                   [r.category for r in records])
     predictions = model.predict([window_from_text(r.log) for r in records])
     correct = sum(p.verdict == r.label for p, r in zip(predictions, records, strict=True))
     assert correct / len(records) > 0.9
+    assert all(0.5 <= p.confidence <= 1.0 for p in predictions)
 
 
 def test_corpus_files_are_validated(tmp_path: Path) -> None:
@@ -70,9 +93,83 @@ def test_evaluate_json_reports_the_model_and_every_baseline(
     report = json.loads(capsys.readouterr().out)
     for key in ("accuracy", "macro_f1", "deterministic_precision", "abstention_rate"):
         assert 0.0 <= report[key] <= 1.0
-    assert {"regex rules", "tf-idf + logistic regression", "always retry",
-            "never retry"} <= set(report["rows"])
+    assert {"regex rules", "tf-idf + logistic regression", "char tf-idf + logistic regression",
+            "always retry", "never retry", "model, cross-fitted threshold"} <= set(report["rows"])
     assert report["rows"]["always retry"]["deterministic_precision"] == 0.0
+    for row in report["rows"].values():
+        for key in ("macro_f1", "deterministic_precision", "abstention_rate"):
+            assert 0.0 <= row[key] <= 1.0
+        lo, hi = row["deterministic_precision_ci"]
+        assert 0.0 <= lo <= hi <= 1.0
+    assert [pt["threshold"] for pt in report["cost_curve"]["model"]] == sorted(
+        pt["threshold"] for pt in report["cost_curve"]["model"])
+    assert report["evidence"]["model"]["n"] == 0  # generated records have no cause line
+
+
+def test_evaluate_prints_interval_cost_curve_and_evidence(
+        tiny_path: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    records = [replace(r, cause=r.log.splitlines()[-1]) for r in generate(24, seed=5)]
+    data = _write(records, tmp_path / "test.jsonl")
+    assert main(["evaluate", "--data", str(data), "--model", str(tiny_path)]) == 0
+    out = capsys.readouterr().out
+    for text in ("95 % CI", "cross-fitted threshold", "cost curve, model", "evidence hit rate"):
+        assert text in out
+
+
+def test_wilson_interval_is_honest_at_the_extremes() -> None:
+    assert wilson_interval(46, 46) == pytest.approx((0.9229, 1.0), abs=1e-4)
+    lo, hi = wilson_interval(90, 100)
+    assert lo < 0.9 < hi
+    assert wilson_interval(0, 0) == (0.0, 1.0)
+
+
+def _prediction(verdict: str, confidence: float) -> Prediction:
+    category = "python_runtime_error" if verdict == "deterministic" else "connection_error"
+    return Prediction(verdict, confidence, category, [])  # type: ignore[arg-type]
+
+
+def test_cross_fitted_threshold_is_chosen_without_the_held_out_project() -> None:
+    """Project p's one wrong do_not_retry (at 0.85) is never seen when p's threshold is
+    chosen, so p is decided at the threshold the other projects need (0.5)."""
+    records, predictions = [], []
+    for k in range(20):
+        for label, verdict, conf in (("deterministic", "deterministic", 0.9),
+                                     ("nondeterministic", "nondeterministic", 0.95)):
+            records.append(Record(f"{k}{label}", f"org/q{k}#1", "f",
+                                  "python_runtime_error" if label == "deterministic"
+                                  else "connection_error", label, "x"))
+            predictions.append(_prediction(verdict, conf))
+    records.append(Record("w", "org/p#7", "f", "connection_error", "nondeterministic", "x"))
+    predictions.append(_prediction("deterministic", 0.85))
+    out = cross_fitted(predictions, records, target=0.98, max_abstention=0.5)
+    assert out["wrong_do_not_retry"] == 1 and out["abstention_rate"] == 0.0
+    assert out["projects"] == 21
+    # chosen on everything, the one wrong decision at 0.85 is what the threshold avoids
+    assert choose_operating_threshold(predictions, records, 0.98, 0.5) == (0.86,
+                                                                           "point estimate")
+
+
+def test_evidence_hits_need_the_cause_line() -> None:
+    assert cause_in_evidence("ValueError: bad x", ["  ValueError: bad x", "other"])
+    assert cause_in_evidence("KeyError: 'a'", ["Traceback", "__main__ KeyError: 'a' raised"])
+    assert not cause_in_evidence("KeyError: 'a'", ["Traceback", "main()"])
+    assert not cause_in_evidence("", ["anything"])
+    records = [Record("1", "s", "f", "import_error", "deterministic", "x", cause="E: x"),
+               Record("2", "s", "f", "import_error", "deterministic", "x")]
+    hits = evidence_hits([Prediction("deterministic", 1.0, "import_error", ["E: x"])] * 2,
+                         records)
+    assert (hits["n"], hits["hits"]) == (1, 1)
+
+
+def test_cause_is_optional_and_every_real_file_is_read(tmp_path: Path) -> None:
+    row = {"id": "1", "source": "o/r#1", "framework": "f", "category": "import_error",
+           "label": "deterministic", "log": "x"}
+    path = tmp_path / "c.jsonl"
+    path.write_text(json.dumps(row) + "\n" + json.dumps({**row, "cause": "x"}) + "\n")
+    a, b = load_records(path)
+    assert (a.cause, b.cause) == ("", "x") and project_of(a) == "o/r"
+    packaged = sorted(p.name for p in packaged_path("x").parent.glob("real_public_*.jsonl"))
+    assert list(REAL_FILES) == packaged and {TRAIN_FILE, HELD_OUT_FILE} <= set(REAL_FILES)
 
 
 def test_classify_prints_verdict_action_and_evidence(

@@ -1,0 +1,63 @@
+"""An incremental featuriser: a job's lines are prepared as they arrive, not at its end.
+
+:class:`IncrementalFeatures` keeps the same bounded window as the stream (the stream's own
+:class:`~sibylla.streams.window.TailWindow`, so the limits and the first-error rule are the
+stream's) and, beside each kept line, that line already redacted and masked
+(:func:`~.preprocess.prepare_line`). When the job ends, :meth:`IncrementalFeatures.encode`
+only selects lines and looks ids up: a decision then costs little more than the forward pass
+(:meth:`~.engine.ModelClassifier.predict_encoded`). What it returns is exactly
+``encode_window(window, vocab)`` of the window the stream would have kept.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Iterable
+
+from sibylla.streams.window import DEFAULT_LIMITS, TailWindow, WindowLimits
+
+from .api import LogWindow
+from .features import MAX_TOKENS, Encoded, encode_selected, separator_entry
+from .preprocess import Prepared, prepare_line, select_prepared
+from .vocab import Vocabulary
+
+__all__ = ["IncrementalFeatures"]
+
+
+class IncrementalFeatures:
+    """One job attempt's window, its lines prepared as they are fed. Not thread-safe."""
+
+    __slots__ = ("window", "_tail", "_first")
+
+    def __init__(self, limits: WindowLimits | None = None) -> None:
+        self.window = TailWindow(limits or DEFAULT_LIMITS)
+        self._tail: deque[Prepared] = deque()  # parallel to window.tail
+        self._first: list[Prepared] = []  # parallel to window.first_error
+
+    def feed(self, lines: Iterable[str], now: float = 0.0) -> None:
+        """Append lines in the order printed (the window's limits apply as in the stream)."""
+        window, tail, first = self.window, self.window.tail, self.window.first_error
+        prepared_tail, prepared_first = self._tail, self._first
+        for line in lines:
+            window.extend((line,), now)
+            prepared = prepare_line(tail[-1])  # the line as kept (a huge one keeps its end)
+            prepared_tail.append(prepared)
+            if len(first) > len(prepared_first):  # the line joined the first error block
+                prepared_first.append(prepared)
+            while len(prepared_tail) > len(tail):
+                prepared_tail.popleft()
+
+    def log_window(self, job_id: str = "", attempt: int = 0) -> LogWindow:
+        return self.window.to_log_window(job_id, attempt)
+
+    @property
+    def empty(self) -> bool:
+        """No non-blank line (see :attr:`~.api.LogWindow.empty`)."""
+        window = self.window
+        return not any(line.strip() for line in (*window.first_error, *window.tail))
+
+    def encode(self, vocab: Vocabulary, max_tokens: int = MAX_TOKENS) -> Encoded:
+        """The model's input: ``encode_window(self.log_window(), vocab, max_tokens)``."""
+        first, tail = select_prepared(self._first, self._tail)
+        return encode_selected([*first, separator_entry(), *tail], len(first), vocab,
+                               max_tokens)
