@@ -9,7 +9,10 @@ project's 2-core box):
     consume loop (getmany + orjson.loads of every record) over the same pre-produced messages;
 (b) p50/p99 from a failed job's termination event to its decision at a steady failure rate;
 (c) the worker's peak RSS (VmHWM) holding 10,000 job windows;
-(d) time from spawning a worker to its first decision, a failed job already waiting.
+(d) time from spawning a worker to its first decision, a failed job already waiting;
+(e) lone failures on the idle worker, shipped one at a time as ``sibylla ship JOB FILE
+    --state FAILED`` does (log marked end of stream, then the termination): each decision's
+    ``latency_ms``, which must not include the grace period (the log is known complete).
 
 Every phase uses a fresh topic prefix and consumer group, so runs and phases never read each
 other's messages. Results go to bench/results/pipeline-<broker>.json and a table on stdout.
@@ -60,7 +63,8 @@ RESULTS = ROOT / "bench" / "results"
 PHASES = {
     "batched": "(a) ingest, LogBatch records",
     "single": "(a) ingest, LogLine records",
-    "decisions": "(d) spawn to first decision, then (b) event-to-decision latency",
+    "decisions": "(d) spawn to first decision, (e) lone failures, then (b) event-to-decision "
+                 "latency",
     "memory": "(c) peak RSS with 10,000 job windows",
 }
 
@@ -76,6 +80,7 @@ TARGETS = {
     "batched_ratio": 0.5,
     "single_lines_per_s": 25_000,
     "latency_p99_ms": 250.0,
+    "lone_failure_max_ms": 100.0,
     "memory_10k_windows_mib": 1024.0,
 }
 
@@ -93,6 +98,7 @@ class Plan:
     failure_rate: float
     failure_seconds: float
     failure_lines: int
+    lone_failures: int
     memory_jobs: int
     memory_lines: int
     memory_store_too: bool
@@ -107,6 +113,7 @@ class Plan:
             failure_rate=100.0,
             failure_seconds=8.0 if quick else 20.0,
             failure_lines=200,
+            lone_failures=10,
             memory_jobs=10_000,
             memory_lines=200,
             memory_store_too=not quick,
@@ -235,6 +242,10 @@ class Bench:
                     await asyncio.sleep(0.01)
                 first_s = received["first-failure"][0] - worker.spawned_at
                 print(f"  first decision {first_s:.2f} s after spawn", flush=True)
+                lone = await lone_failures(shipper, worker, received, p.lone_failures,
+                                           self.pool)
+                print(f"  {len(lone['latency_ms'])} lone failures: latency_ms "
+                      f"{lone['latency_ms']}, max {lone['max_ms']}", flush=True)
 
                 sent: dict[str, float] = {}
                 started = time.perf_counter()
@@ -258,6 +269,7 @@ class Bench:
         reported = [received[j][1] for j in sent if j in received]
         out = {
             "first_decision_after_spawn_s": round(first_s, 3),
+            "lone_failures": lone,
             "failures": total, "failure_lines": p.failure_lines + len(failure_tail(0)),
             "offered_rate_per_s": p.failure_rate, "achieved_rate_per_s": round(total / send_s, 1),
             "decided": len(observed), "missing": total - len(observed),
@@ -363,6 +375,38 @@ async def send_failure(shipper: Shipper, job_id: str, log: bytes) -> float:
     await shipper.send_event(JobEvent(job_id, 0, "finished", "FAILED", 1, None,
                                       ("gpu-node-7",), 8, at))
     return at
+
+
+async def lone_failures(shipper: Shipper, worker: Worker,
+                        received: dict[str, tuple[float, float]], count: int, pool: LinePool
+                        ) -> dict[str, Any]:
+    """(e) ``count`` failed jobs shipped one at a time on an otherwise idle worker, each the way
+    ``sibylla ship JOB FILE --state FAILED`` sends it (``Shipper.send_lines(eos=True)``, then
+    the termination), the next only once the previous one is decided and a pause has passed:
+    the decision's own ``latency_ms`` and the time from the termination's send to its receipt.
+    A decision that waited out the grace period (2 s by default) shows here."""
+    latencies: list[float] = []
+    observed: list[float] = []
+    undecided: list[str] = []
+    for i in range(count):
+        job_id = f"lone-{i}"
+        await shipper.send_lines(job_id, pool.take(job_id, 50) + failure_tail(i), eos=True)
+        at = time.time()
+        await shipper.send_event(JobEvent(job_id, 0, "finished", "FAILED", 1, None,
+                                          ("gpu-node-7",), 8, at))
+        await shipper.flush()
+        deadline = time.monotonic() + 10
+        while job_id not in received and time.monotonic() < deadline:
+            worker.check_alive()
+            await asyncio.sleep(0.005)
+        if job_id in received:
+            latencies.append(round(received[job_id][1], 1))
+            observed.append(round((received[job_id][0] - at) * 1000, 1))
+        else:
+            undecided.append(job_id)
+        await asyncio.sleep(0.3 + random.random() * 0.4)  # idle again, at no fixed phase
+    return {"latency_ms": latencies, "observed_ms": observed, "undecided": undecided,
+            "max_ms": max(latencies, default=float("nan"))}
 
 
 async def follow(settings: Settings, received: dict[str, tuple[float, float]]) -> None:
@@ -482,12 +526,14 @@ def verdicts(results: dict[str, Any]) -> dict[str, dict[str, Any]]:
         "single_lines_per_s": get("single", "worker", "lines_per_s"),
         "latency_p99_ms": (None if get("decisions", "missing") != 0
                            else get("decisions", "event_to_decision_ms", "p99")),
+        "lone_failure_max_ms": (None if get("decisions", "lone_failures", "undecided")
+                                else get("decisions", "lone_failures", "max_ms")),
         "memory_10k_windows_mib": rocksdb[0].get("vm_hwm_mib") if rocksdb else None,
     }
     out = {}
     for name, target in TARGETS.items():
         value = measured[name]
-        upper = name.startswith(("latency", "memory"))
+        upper = name.startswith(("latency", "lone", "memory"))
         ok = value is not None and (value <= target if upper else value >= target)
         out[name] = {"target": target, "measured": value, "pass": ok}
     return out
@@ -522,6 +568,10 @@ def print_table(report: dict[str, Any]) -> None:
              f"{d['decision_latency_ms_field']['p50']} / "
              f"{d['decision_latency_ms_field']['p99']}", "the worker's own field"),
             ("spawn → first decision (s)", f"{d['first_decision_after_spawn_s']:.2f}", ""),
+            ("lone eos failure latency_ms, max",
+             f"{d['lone_failures']['max_ms']}",
+             f"{len(d['lone_failures']['latency_ms'])} shipped one at a time; all: "
+             f"{d['lone_failures']['latency_ms']}"),
         ]
     for m in r.get("memory", []):
         if "error" in m:

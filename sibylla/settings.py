@@ -91,7 +91,8 @@ class Settings:
     # --- inference ----------------------------------------------------------------------------
     batch_max_windows: int = setting(64, "Micro-batch size B for classification.", min=1)
     batch_max_wait_ms: float = setting(
-        20.0, "Longest wait T for a micro-batch to fill.", min=0.0
+        0.0, "Longest wait T for a micro-batch to fill; 0: a batch is what queued while the "
+        "previous one ran (a lone failure is never held).", min=0.0
     )
     device: DeviceChoice = setting("auto", "auto picks CUDA when present, else CPU.")
     model_path: str = setting("", "Model file; empty means the model shipped in the package.")

@@ -1,9 +1,14 @@
 """Micro-batching of classification requests.
 
 Windows arrive one failed job at a time, from several partition actors; the model is far
-cheaper per window in a batch (one padded kernel launch instead of many). The batcher collects
-up to ``max_batch`` windows or waits at most ``max_wait_s`` after the first, then runs the
-blocking ``predict`` in a worker thread so the event loop keeps consuming meanwhile.
+cheaper per window in a batch (one padded kernel launch instead of many). The batcher runs the
+blocking ``predict`` in a worker thread so the event loop keeps consuming meanwhile, one batch
+at a time, and a batch is whatever queued while the previous one ran (up to ``max_batch``):
+under load batches grow by themselves, and a lone window on an idle model runs at once instead
+of waiting for company that is not coming (a fixed wait after the first window added up to
+``max_wait_s`` to every lone failure's decision). ``max_wait_s`` > 0 restores a wait for the
+batch to fill, counted from its first window, for a model that gains more from full batches
+than the wait costs (a GPU at high rates).
 """
 
 from __future__ import annotations
@@ -65,6 +70,9 @@ class MicroBatcher(Generic[In, Out]):
         loop = asyncio.get_running_loop()
         while True:
             batch = [await queue.get()]
+            # One turn of the loop: windows submitted by other actors woken in the same tick
+            # join this batch rather than wait for the next.
+            await asyncio.sleep(0)
             deadline = loop.time() + self.max_wait_s
             while len(batch) < self.max_batch:
                 if queue.empty():
