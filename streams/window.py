@@ -88,7 +88,9 @@ class TailWindow:
             count += 1
             n = _size(line)
             if n > max_bytes:  # a single line larger than the window keeps its end
-                line = line[-max_bytes:]
+                # cut in bytes, not characters: cut by characters, a line of multi-byte
+                # characters stayed over the limit and was then evicted whole
+                line = line.encode()[-max_bytes:].decode("utf-8", "ignore")
                 n = _size(line)
             tail.append(line)
             size += n

@@ -59,3 +59,21 @@ def test_a_job_printing_without_end_costs_no_more_than_its_window() -> None:
         window.extend([f"step {step} loss {1 / (step + 1):.6f} " + "x" * 80], now=float(step))
     assert window.memory_bytes <= limits.max_bytes
     assert window.line_count == 20_000
+
+
+@settings(max_examples=200, deadline=None)
+@given(line=st.text(min_size=1, max_size=400).map(lambda s: s.replace("\n", " ")),
+       max_bytes=st.integers(4, 200))
+def test_a_line_longer_than_the_window_keeps_its_end_whatever_its_characters(
+        line: str, max_bytes: int) -> None:
+    # The error is at a long line's end; cut by characters, a line of multi-byte characters
+    # stayed over the byte limit and the window dropped it whole.
+    window = TailWindow(WindowLimits(max_lines=5, max_bytes=max_bytes, first_error_max_lines=1))
+    window.extend([line], now=0.0)
+    kept = list(window.tail)
+    assert window.tail_bytes <= max_bytes
+    if len(line.encode()) <= max_bytes:
+        assert kept == [line]
+    else:
+        assert len(kept) == 1 and line.endswith(kept[0])
+        assert len(kept[0].encode()) > max_bytes - 4  # at most one character's bytes lost
