@@ -55,7 +55,7 @@ from sibylla.brokers.process import BrokerProcess
 from sibylla.schemas.records import JobEvent
 from sibylla.settings import Settings
 from sibylla.streams.ship import Shipper
-from sibylla.streams.topics import ensure_topics
+from sibylla.streams.topics import changelog_topic, ensure_topics
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "bench" / "results"
@@ -194,7 +194,7 @@ class Bench:
             measured = poll_ingest(worker, lines, timeout_s=180)
         # Window writes to the changelog: each is a whole serialized window, so records per
         # ingested message tell how much the worker writes for what it reads.
-        changelog = asyncio.run(topic_records(settings, f"{settings.group_id}-windows-changelog"))
+        changelog = asyncio.run(topic_records(settings, changelog_topic(settings, "windows")))
         out = {"messages": messages, "lines": lines, "produce_s": round(produce_s, 2),
                "bare": rounded(bare), "worker": rounded(measured),
                "ratio": round(measured["lines_per_s"] / bare["lines_per_s"], 3),

@@ -18,7 +18,7 @@ from aiokafka.errors import KafkaConnectionError, TopicAlreadyExistsError
 
 from sibylla.settings import Settings, SettingsError
 
-__all__ = ["COPARTITIONED", "broker_answers", "ensure_topics"]
+__all__ = ["COPARTITIONED", "broker_answers", "changelog_topic", "ensure_topics"]
 
 log = logging.getLogger(__name__)
 
@@ -33,6 +33,11 @@ COPARTITIONED = ("logs", "job-events", "decisions", "labels", "decide-requests",
 TABLES = ("windows", "window-chunks", "pending", "decided", "latest", "history", "votes",
           "offsets")
 SETTLE_S = 30.0  # longest wait for the broker's metadata to show every partition
+
+
+def changelog_topic(settings: Settings, table: str) -> str:
+    """The changelog topic faust gives a worker's table."""
+    return f"{settings.group_id}-{table}-changelog"
 
 
 async def _connected_admin(settings: Settings, wait_s: float) -> AIOKafkaAdminClient:
@@ -72,7 +77,7 @@ async def ensure_topics(settings: Settings, wait_s: float = 0.0) -> None:
         wanted.append(NewTopic(settings.topic("deadletter"), 1, settings.replication_factor))
         wanted.append(NewTopic(settings.topic("models"), 1, settings.replication_factor,
                                topic_configs={"cleanup.policy": "compact"}))
-        wanted += [NewTopic(f"{settings.group_id}-{t}-changelog", settings.partitions,
+        wanted += [NewTopic(changelog_topic(settings, t), settings.partitions,
                             settings.replication_factor,
                             topic_configs={"cleanup.policy": "compact"}) for t in TABLES]
         existing = set(await admin.list_topics())

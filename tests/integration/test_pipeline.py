@@ -20,7 +20,7 @@ from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
 from sibylla.settings import Settings
 from sibylla.streams.keys import attempt_key, partition_of
 from sibylla.streams.ship import Shipper
-from sibylla.streams.topics import ensure_topics
+from sibylla.streams.topics import changelog_topic, ensure_topics
 from tests.integration.fixtures import (
     DETERMINISTIC_LOG,
     NONDETERMINISTIC_LOG,
@@ -262,7 +262,7 @@ async def _forget_decided_mark(settings: Settings, job_id: str) -> None:
     await producer.start()
     try:
         await producer.send_and_wait(
-            f"{settings.group_id}-decided-changelog", key=attempt_key(job_id, 0).encode(),
+            changelog_topic(settings, "decided"), key=attempt_key(job_id, 0).encode(),
             value=None, partition=partition_of(job_id, settings.partitions))
     finally:
         await producer.stop()
