@@ -62,9 +62,8 @@ ROOT = Path(__file__).resolve().parent.parent
 DRIFT = ("numerical_error", "framework_api_misuse", "filesystem_io_error",
          "remote_service_error")
 KNOWN = tuple(c for c in CATEGORIES if c not in DRIFT)
-BASE_CONFIG = TrainConfig(seed=11, cell="lstm", synthetic=0, real_files=(), epochs=10,
-                          embed_dim=32, hidden_dim=32, batch_size=32, real_copies=0,
-                          max_tokens=256, min_count=2, lr=1e-2)
+BASE_CONFIG = TrainConfig(seed=11, synthetic=0, real_files=(), epochs=10, dim=32,
+                          batch_size=32, real_copies=0, min_count=2, lr=1e-2)
 # The shipped fine-tune recipe (epochs, learning rate, replay ratio: the OnlineSettings
 # defaults), on a schedule sized for a 1,600-job stream.
 ONLINE = OnlineSettings(finetune_every=150, drift_min_labels=60, drift_threshold=0.3,

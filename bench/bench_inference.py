@@ -121,16 +121,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     import torch
 
     from sibylla.inference.baselines import TfidfLogReg
-    from sibylla.inference.engine import load_classifier, score_sequences
+    from sibylla.inference.engine import load_classifier, score_encoded
     from sibylla.inference.features import MAX_TOKENS, encode_window
-    from sibylla.inference.preprocess import window_from_text
+    from sibylla.inference.incremental import IncrementalFeatures
+    from sibylla.inference.preprocess import _template, window_from_text
     from sibylla.inference.synthetic import generate
-
-    try:  # absent before the incremental featuriser: the script also times older commits
-        from sibylla.inference.incremental import IncrementalFeatures
-        from sibylla.inference.preprocess import _template
-    except ImportError:
-        IncrementalFeatures = _template = None  # type: ignore[assignment,misc]
 
     torch.set_num_threads(args.threads)
     model = load_classifier(args.model or None, device=args.device)
@@ -141,9 +136,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         windows = _corpus_windows(min(args.windows, 96), MAX_TOKENS)
         logs = [[*w.tail] for w in windows]  # the corpus windows' tails fit the limits
     encoded = {id(w): encode_window(w, model.vocab) for w in windows}
-    tokens = statistics.mean(len(e.ids) for e in encoded.values())
+    lines_read = statistics.mean(len(e.ids) for e in encoded.values())
     features = {}
-    for w, lines in zip(windows, logs, strict=True) if IncrementalFeatures else ():
+    for w, lines in zip(windows, logs, strict=True):
         f = IncrementalFeatures()
         f.feed(lines)
         assert f.encode(model.vocab) == encoded[id(w)], "incremental != batch"
@@ -154,16 +149,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         return [encode_window(w, model.vocab) for w in chunk]
 
     def forward(chunk: Sequence[Any]) -> Any:
-        return score_sequences(model.model, [encoded[id(w)].ids for w in chunk], 64,
-                               model.device)
+        return score_encoded(model.model, [encoded[id(w)] for w in chunk], 64, model.device)
 
     def incremental(chunk: Sequence[Any]) -> Any:
         return model.predict_encoded([features[id(w)].encode(model.vocab) for w in chunk])
 
     configs: list[tuple[str, Callable[[Sequence[Any]], Any]]] = [
-        ("preprocess", preprocess), ("forward", forward), ("end to end", model.predict)]
-    if features:
-        configs.append(("incremental", incremental))
+        ("preprocess", preprocess), ("forward", forward), ("end to end", model.predict),
+        ("incremental", incremental)]
     if not args.no_tfidf:
         train = generate(400, seed=1)
         tfidf = TfidfLogReg().fit([window_from_text(r.log) for r in train],
@@ -187,9 +180,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         "torch_threads": torch.get_num_threads(),
         "cpu": platform.processor() or platform.machine(),
         "shape": args.shape,
-        "mean_tokens_per_window": round(tokens, 1),
+        "mean_lines_read_per_window": round(lines_read, 1),
         "windows": len(windows),
-        "line_templates_cached": _template.cache_info().currsize if _template else None,
+        "line_templates_cached": _template.cache_info().currsize,
         "runs": args.runs,
         "loadavg_1_5_15_before": [round(x, 2) for x in load_before],
         "loadavg_1_5_15_after": [round(x, 2) for x in os.getloadavg()],

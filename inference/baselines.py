@@ -11,10 +11,8 @@
 
 from __future__ import annotations
 
-import functools
 import math
 import re
-import warnings
 from collections import Counter
 from collections.abc import Sequence
 
@@ -26,6 +24,7 @@ from .features import window_tokens
 from .preprocess import select_window
 from .taxonomy import CATEGORIES, DETERMINISTIC, LABELS
 from .vocab import Vocabulary
+from .wide import char_ngrams, fit_softmax, fold_words
 
 __all__ = ["TRANSIENT", "CharTfidfLogReg", "ConstantVerdict", "RegexRules", "TfidfLogReg"]
 
@@ -115,7 +114,7 @@ class TfidfLogReg:
         df = Counter(i for doc in docs for i in set(self.vocab.encode(doc)))
         self.idf = [math.log((1 + len(docs)) / (1 + df.get(i, 0))) + 1
                     for i in range(len(self.vocab))]
-        self.weight = _fit_softmax(self._features(docs), categories, len(self.vocab), self.l2,
+        self.weight = fit_softmax(self._features(docs), categories, len(self.vocab), self.l2,
                                    self.steps)
         return self
 
@@ -123,31 +122,6 @@ class TfidfLogReg:
         if self.weight is None:
             raise RuntimeError("TfidfLogReg.predict before fit")
         return _decide_softmax(self._features(self._docs(windows)), self.weight, windows)
-
-
-def _fit_softmax(x: torch.Tensor, categories: Sequence[str], n_features: int, l2: float,
-                 steps: int) -> torch.Tensor:
-    """Weights (features + 1 bias row, categories) of an L2-regularised softmax regression,
-    full-batch Adam with the gradient written out: CSR products both ways are ~10x faster on a
-    CPU than autograd through a sparse COO product."""
-    y = torch.nn.functional.one_hot(torch.tensor([CATEGORIES.index(c) for c in categories]),
-                                    len(CATEGORIES)).float()
-    with warnings.catch_warnings():  # "sparse CSR support is in beta"
-        warnings.simplefilter("ignore", UserWarning)
-        x_csr = x.coalesce().to_sparse_csr()
-        xt_csr = x.coalesce().t().coalesce().to_sparse_csr()
-    weight = torch.zeros(n_features, len(CATEGORIES))
-    bias = torch.zeros(len(CATEGORIES))
-    weight.grad, bias.grad = torch.zeros_like(weight), torch.zeros_like(bias)
-    opt = torch.optim.Adam([weight, bias], lr=0.1)
-    n = max(1, x.shape[0])
-    for _ in range(steps):
-        probs = torch.softmax(x_csr @ weight + bias, dim=1)
-        residual = (probs - y) / n  # d(mean cross-entropy) / d(logits)
-        weight.grad = xt_csr @ residual + 2 * l2 * weight
-        bias.grad = residual.sum(0)
-        opt.step()
-    return torch.cat([weight, bias[None]], dim=0)
 
 
 def _decide_softmax(x: torch.Tensor, weight: torch.Tensor, windows: Sequence[LogWindow]
@@ -169,31 +143,10 @@ def _decide_softmax(x: torch.Tensor, weight: torch.Tensor, windows: Sequence[Log
     return out
 
 
-# Hex words and digits folded, as the issue's scikit-learn baseline did: a run of digits is one
-# ``0``, a hex word (``0x...``, or 8+ hex characters with a digit) ``0x``.
-_HEX_WORD = re.compile(r"\b0x[0-9a-f]+\b|\b(?=[0-9a-f]*\d)[0-9a-f]{8,}\b")
-_DIGITS = re.compile(r"\d+")
-
-
-@functools.lru_cache(maxsize=1 << 17)
-def _char_ngrams(word: str, low: int = 3, high: int = 5) -> tuple[str, ...]:
-    """scikit-learn's ``char_wb`` n-grams of one word: the word padded with a space each side,
-    every n-gram for n in [low, high]; a word shorter than n gives itself once."""
-    padded = f" {word} "
-    out = []
-    for n in range(low, high + 1):
-        if len(padded) <= n:
-            out.append(padded)
-            continue
-        out.extend(padded[i : i + n] for i in range(len(padded) - n + 1))
-    return tuple(out)
-
-
 def _char_doc(window: LogWindow) -> Counter[str]:
     """Word counts of the lines the model reads (masked, lower-cased, digits and hex folded)."""
     first, tail = select_window(window)
-    text = "\n".join(p.line.masked for p in (*first, *tail)).lower()
-    return Counter(_DIGITS.sub("0", _HEX_WORD.sub("0x", text)).split())
+    return Counter(fold_words("\n".join(p.line.masked for p in (*first, *tail))))
 
 
 class CharTfidfLogReg:
@@ -213,7 +166,7 @@ class CharTfidfLogReg:
         ids = self._word_ids.get(word)
         if ids is None:
             index = self.index
-            ids = np.fromiter((index[g] for g in _char_ngrams(word) if g in index), np.int64)
+            ids = np.fromiter((index[g] for g in char_ngrams(word) if g in index), np.int64)
             if len(self._word_ids) < 1 << 18:
                 self._word_ids[word] = ids
         return ids
@@ -243,13 +196,13 @@ class CharTfidfLogReg:
         docs = [_char_doc(w) for w in windows]
         df: Counter[str] = Counter()
         for doc in docs:
-            df.update({g for w in doc for g in _char_ngrams(w)})
+            df.update({g for w in doc for g in char_ngrams(w)})
         kept = sorted((g for g, c in df.items() if c >= self.min_count),
                       key=lambda g: (-df[g], g))[: self.max_features]
         self.index = {g: i for i, g in enumerate(kept)}
         self._word_ids = {}
         self.idf = np.array([math.log((1 + len(docs)) / (1 + df[g])) + 1 for g in kept])
-        self.weight = _fit_softmax(self._features(docs), categories, len(kept), self.l2,
+        self.weight = fit_softmax(self._features(docs), categories, len(kept), self.l2,
                                    self.steps)
         return self
 

@@ -32,7 +32,7 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
-FORMAT = "sibylla-classifier/1"
+FORMAT = "sibylla-classifier/2"  # 2: the line-level model with its wide path
 SHIPPED_NAME = "classifier.safetensors"
 
 

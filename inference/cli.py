@@ -26,7 +26,8 @@ def register(subparsers: Any) -> None:
                     "on the held-out real logs and save. Same seed, same model.")
     train.add_argument("--out", default="", help="output file (default: the shipped model)")
     train.add_argument("--seed", type=int, default=None)
-    train.add_argument("--cell", choices=["gru", "lstm"], default=None)
+    train.add_argument("--deep-weight", type=float, default=None,
+                       help="share of the recurrent path in the served probabilities")
     train.add_argument("--epochs", type=int, default=None)
     train.add_argument("--synthetic", type=int, default=None, help="generated logs to train on")
     train.add_argument("--threads", type=int, default=None, help="torch threads (default 1)")
@@ -67,7 +68,7 @@ def _train(args: argparse.Namespace) -> int:
     from .checkpoint import save_checkpoint, shipped_model_path
     from .corpus import load_records, packaged_path
     from .engine import ModelClassifier
-    from .evaluate import evaluate_file
+    from .evaluate import evaluate_file, operating_threshold
     from .train import (
         TrainConfig,
         default_training_records,
@@ -76,10 +77,19 @@ def _train(args: argparse.Namespace) -> int:
         with_overrides,
     )
 
-    config = with_overrides(TrainConfig(), seed=args.seed, cell=args.cell, epochs=args.epochs,
+    config = with_overrides(TrainConfig(), seed=args.seed, deep_weight=args.deep_weight,
+                            epochs=args.epochs,
                             synthetic=args.synthetic, threads=args.threads)
     records = default_training_records(config)
     checkpoint = train_model(examples_from_records(records), config)
+    # The operating point: chosen on real logs of projects never trained on, not on the
+    # mostly generated validation split (``sibylla evaluate`` cross-fits it by project).
+    files = _held_out_files(checkpoint.meta)
+    threshold, rule = operating_threshold(ModelClassifier(checkpoint, device="cpu"),
+                                          [r for path in files for r in load_records(path)])
+    checkpoint.meta.update(validation_threshold=checkpoint.meta["threshold"],
+                           threshold=threshold, operating_point={
+                               "files": [path.name for path in files], "rule": rule})
     held_out = load_records(packaged_path(HELD_OUT))
     report = evaluate_file(ModelClassifier(checkpoint, device="cpu"), held_out, records)
     checkpoint.meta["metrics"] = {

@@ -1,8 +1,8 @@
 """Micro-batched inference: the :class:`~.api.Classifier` the stream agents call.
 
 Windows arrive in micro-batches of very different lengths (a two-line ``Killed`` next to a
-500-token traceback). Padding them all to the longest wastes most of a recurrent pass, so the
-windows are sorted by length and cut into buckets of similar length; each bucket is one padded
+64-line traceback). Padding them all to the longest wastes most of a recurrent pass, so the
+windows are sorted by line count and cut into buckets of similar length; each bucket is one
 forward pass. On CUDA the model runs in half precision. ``predict`` blocks: agents call it from
 a worker thread, never from the event loop.
 """
@@ -21,7 +21,7 @@ import torch
 
 from .api import LogWindow, Prediction, VerdictLabel, is_error_start
 from .checkpoint import Checkpoint, load_checkpoint
-from .features import MAX_TOKENS, Encoded, encode_window, pad_batch
+from .features import Encoded, batch_input, encode_window
 from .model import RecurrentClassifier
 from .preprocess import Line
 from .taxonomy import CATEGORIES, DETERMINISTIC, LABELS
@@ -32,7 +32,7 @@ __all__ = [
     "VerdictScores",
     "load_classifier",
     "pick_device",
-    "score_sequences",
+    "score_encoded",
 ]
 
 logger = logging.getLogger(__name__)
@@ -56,29 +56,30 @@ class VerdictScores:
     """Per-window outputs of one scoring pass, in input order (numpy-free lists)."""
 
     def __init__(self, n: int) -> None:
+        # verdict_logits: log-probabilities (the model's served output); any logits will do
         self.verdict_logits: list[list[float]] = [[0.0, 0.0]] * n
         self.category_probs: list[list[float]] = [[0.0] * len(CATEGORIES)] * n
         self.attention: list[list[float]] = [[] for _ in range(n)]
 
 
 @torch.inference_mode()
-def score_sequences(model: RecurrentClassifier, seqs: Sequence[Sequence[int]],
-                    batch_size: int = 64, device: torch.device | None = None) -> VerdictScores:
-    """Run ``model`` over id sequences in length buckets of at most ``batch_size``."""
+def score_encoded(model: RecurrentClassifier, encoded: Sequence[Encoded], batch_size: int = 64,
+                  device: torch.device | None = None) -> VerdictScores:
+    """Run ``model`` over encoded windows in batches of at most ``batch_size`` windows of
+    similar line counts."""
     device = device or next(model.parameters()).device
-    out = VerdictScores(len(seqs))
-    order = sorted(range(len(seqs)), key=lambda i: len(seqs[i]))
+    out = VerdictScores(len(encoded))
+    order = sorted(range(len(encoded)), key=lambda i: len(encoded[i].ids))
     for start in range(0, len(order), batch_size):
         idx = order[start : start + batch_size]
-        x = pad_batch([seqs[i] for i in idx]).to(device)
-        logits, _ = model(x)
+        logits, _ = model(batch_input([encoded[i] for i in idx]).to(device))
         verdict = logits.verdict.float().cpu().tolist()
-        category = torch.softmax(logits.category.float(), dim=1).cpu().tolist()
+        category = logits.category.float().exp().cpu().tolist()
         attention = logits.attention.float().cpu().tolist()
         for row, i in enumerate(idx):
             out.verdict_logits[i] = verdict[row]
             out.category_probs[i] = category[row]
-            out.attention[i] = attention[row][: len(seqs[i])]
+            out.attention[i] = attention[row][: len(encoded[i].ids)]
     return out
 
 
@@ -119,10 +120,10 @@ def _evidence(enc: Encoded, attention: Sequence[float]) -> list[str]:
     banner or an import of the traceback) and the lines that received most attention, bar a
     traceback's header, frames and imports, in log order, at most :data:`EVIDENCE_LINES`."""
     weight: dict[int, float] = {}
-    for owner, w in zip(enc.owners, attention, strict=False):
-        shown = enc.lines[owner].shown
+    for i, w in enumerate(attention):
+        shown = enc.lines[i].shown
         if shown and not _NOT_A_CAUSE.match(shown):  # no traceback header, frame or import
-            weight[owner] = weight.get(owner, 0.0) + w
+            weight[i] = w
     root = _root_line(enc.lines)
     chosen = [] if root is None else [root]
     for i in sorted(weight, key=weight.__getitem__, reverse=True):
@@ -168,19 +169,16 @@ class ModelClassifier:
         return other
 
     def predict(self, windows: Sequence[LogWindow]) -> list[Prediction]:
-        # Always the full budget, even for a model trained on a smaller one (a training-speed
-        # knob): more of the window never hurt. The drift bench's initial model, trained at 256
-        # tokens, scored 0.965 served at 512 and 0.87 served at 256 on the same 400 jobs.
         return self.predict_encoded([None if w.empty else  # "no log": no verdict
-                                     encode_window(w, self.vocab, MAX_TOKENS) for w in windows])
+                                     encode_window(w, self.vocab) for w in windows])
 
     def predict_encoded(self, encoded: Sequence[Encoded | None]) -> list[Prediction]:
         """:meth:`predict` of windows already encoded with this model's vocabulary (e.g. by an
         :class:`~.incremental.IncrementalFeatures`); None stands for an empty window."""
         live = [i for i, enc in enumerate(encoded) if enc is not None]
         with self._lock:
-            scores = score_sequences(self.model, [encoded[i].ids for i in live],  # type: ignore[union-attr]
-                                     self.batch_size, self.device)
+            scores = score_encoded(self.model, [encoded[i] for i in live],  # type: ignore[misc]
+                                   self.batch_size, self.device)
         out = [Prediction("unknown", 0.0, NO_LOG, []) for _ in encoded]
         for row, i in enumerate(live):
             enc = encoded[i]

@@ -158,6 +158,15 @@ def choose_operating_threshold(predictions: Sequence[Prediction], records: Seque
                                               max_abstention)
 
 
+def operating_threshold(classifier: ModelClassifier, records: Sequence[Record]
+                        ) -> tuple[float, str]:
+    """:func:`choose_operating_threshold` of ``classifier`` on ``records``: the threshold a
+    model ships with, chosen on real logs of projects it never trained on."""
+    windows = [window_from_text(r.log, job_id=r.id) for r in records]
+    return choose_operating_threshold(_predict(classifier.with_threshold(0.0), windows),
+                                      records)
+
+
 def cross_fitted(predictions: Sequence[Prediction], records: Sequence[Record],
                  target: float = TARGET_PRECISION, max_abstention: float = MAX_ABSTENTION
                  ) -> dict[str, Any]:

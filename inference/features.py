@@ -1,11 +1,18 @@
-"""From a log window to the model's input: selected lines, tokens, ids, padded batches.
+"""From a log window to the model's input: the lines it reads, their features, batches.
 
-Training, serving, the TF-IDF baseline and the benchmark all go through :func:`window_tokens`,
-so what a model was trained on is exactly what it is shown in production.
+Training, serving and the incremental featuriser all go through :func:`encode_selected`, so
+what a model was trained on is exactly what it is shown in production. A line's features that
+do not depend on a vocabulary (tokens, hashed 3-grams, wide n-gram counts) are computed once
+per line template (:mod:`.preprocess`) and shared by every line of that shape.
+:func:`window_tokens` is the token-level view the word TF-IDF baseline reads.
 """
 
 from __future__ import annotations
 
+import functools
+import itertools
+import random
+import zlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -14,33 +21,31 @@ import numpy as np
 import torch
 
 from .api import LogWindow
+from .model import ModelInput
 from .preprocess import SEPARATOR, SEPARATOR_LINE, Line, Prepared, budget_tokens, select_window
 from .vocab import Vocabulary
+from .wide import GramCounts, line_grams, merge_grams
 
 __all__ = [
+    "MAX_LINES",
     "MAX_TOKENS",
     "Encoded",
+    "batch_input",
     "encode_selected",
     "encode_window",
-    "pad_batch",
-    "separator_entry",
+    "line_tokens",
     "window_tokens",
 ]
 
-# 512 tokens hold a 40-line error block and the tail's last lines: enough for every log in
-# the real corpus once repeats are collapsed, and cheap enough for >500 windows/s on a CPU.
+# 512 tokens hold a 40-line error block and the tail's last lines (the word TF-IDF's input).
 MAX_TOKENS = 512
-
-
-def _selected(window: LogWindow) -> tuple[list[Prepared], int]:
-    first, tail = select_window(window)
-    return [*first, _SEPARATOR, *tail], len(first)
 
 
 class _SeparatorEntry:
     """Stands for :data:`SEPARATOR_LINE` among prepared lines."""
 
     line = SEPARATOR_LINE
+    template = None
 
     @staticmethod
     def tokens() -> list[str]:
@@ -50,61 +55,142 @@ class _SeparatorEntry:
 _SEPARATOR: Any = _SeparatorEntry()
 
 
-def separator_entry() -> Prepared:
-    """The entry standing for :data:`~.preprocess.SEPARATOR_LINE` among prepared lines."""
-    return _SEPARATOR
-
-
 def window_tokens(window: LogWindow, max_tokens: int = MAX_TOKENS
                   ) -> tuple[list[str], list[int], list[Line]]:
-    """(tokens, line index of each token, selected lines) of one window."""
-    selected, sep = _selected(window)
-    tokens, owners = budget_tokens([p.tokens() for p in selected], sep, max_tokens)
+    """(tokens, line index of each token, selected lines) of one window, at most
+    ``max_tokens`` of them."""
+    first, tail = select_window(window)
+    selected = [*first, _SEPARATOR, *tail]
+    tokens, owners = budget_tokens([p.tokens() for p in selected], len(first), max_tokens)
     return tokens, owners, [p.line for p in selected]
 
 
-@dataclass(frozen=True, slots=True)
+# The model reads at most 64 lines: the first error block's first 24 (where the root cause
+# is), a separator, the tail's last ones (how the process died); each line's first 24 tokens.
+MAX_LINES = 64
+FIRST_LINES = 24
+MAX_LINE_TOKENS = 24
+MAX_LINE_GRAMS = 96
+GRAM_BUCKETS = 1 << 14  # ModelConfig.gram_buckets of every model built here
+
+
+@dataclass(frozen=True, slots=True, eq=False)
 class Encoded:
-    """One window as ids, with what is needed to map attention back to lines."""
+    """One window as the model reads it: per line, token ids and hashed 3-gram ids; the
+    window's lines' wide n-gram counts; the lines themselves (evidence maps attention to
+    them). Only ``ids`` depends on a vocabulary. Equal when every field is."""
 
-    ids: list[int]
-    owners: list[int]
     lines: list[Line]
+    ids: list[list[int]]
+    grams: list[tuple[int, ...]]
+    wide: list[GramCounts]  # per selected line, summed when batched
+
+    def __eq__(self, other: object) -> bool:
+        return (isinstance(other, Encoded) and self.lines == other.lines
+                and self.ids == other.ids and self.grams == other.grams
+                and len(self.wide) == len(other.wide)
+                and all(np.array_equal(a, b) for a, b in zip(self.wide, other.wide,
+                                                             strict=True)))
+
+    __hash__ = None  # type: ignore[assignment]  # mutable lists inside
 
 
-def _ids(p: Prepared, vocab: Vocabulary) -> list[int]:
-    """Ids of a prepared line's tokens, kept with its template (one lookup per template)."""
+class _LineFeatures:
+    """What a line contributes whatever the vocabulary: its tokens, 3-gram ids, wide counts."""
+
+    __slots__ = ("tokens", "grams", "wide")
+
+    def __init__(self, tokens: list[str], wide: GramCounts) -> None:
+        self.tokens = tokens
+        self.grams = tuple(itertools.islice((g for t in tokens for g in _token_grams(t)),
+                                            MAX_LINE_GRAMS))
+        self.wide = wide
+
+    @classmethod
+    def of(cls, p: Prepared) -> _LineFeatures:
+        # Tokens without <nl> (lines are steps already); the wide counts from the template's
+        # masked text: digits are folded, so every line of a template counts the same.
+        return cls(p.tokens()[:-1][:MAX_LINE_TOKENS],
+                   line_grams(p.line.masked if p.template is None else p.template.masked))
+
+
+@functools.lru_cache(maxsize=1 << 16)
+def _token_grams(token: str) -> tuple[int, ...]:
+    t = f"<{token}>"
+    return tuple(zlib.crc32(t[i : i + 3].encode()) % (GRAM_BUCKETS - 1) + 1
+                 for i in range(max(1, len(t) - 2)))
+
+
+_SEPARATOR_FEATURES = _LineFeatures([SEPARATOR], line_grams(""))
+
+
+def _features(p: Prepared) -> _LineFeatures:
+    """A line's features, kept with its template (computed once per template)."""
+    if p is _SEPARATOR:
+        return _SEPARATOR_FEATURES
     tpl = p.template
     if tpl is None:
-        return vocab.encode(p.tokens())
+        return _LineFeatures.of(p)
+    features = tpl.features
+    if not isinstance(features, _LineFeatures):
+        features = tpl.features = _LineFeatures.of(p)
+    return features
+
+
+def _ids(p: Prepared, features: _LineFeatures, vocab: Vocabulary) -> list[int]:
+    """Ids of a line's tokens, kept with its template (one lookup per template and model)."""
+    tpl = p.template
+    if tpl is None:  # a line of the general path, or the separator
+        return vocab.encode(features.tokens)
     ids = tpl.ids.get(vocab.serial)
     if ids is None:
         if len(tpl.ids) >= 4:  # models swapped in over time: keep the ids of the last few
             tpl.ids.clear()
-        ids = tpl.ids[vocab.serial] = vocab.encode(p.tokens())
+        ids = tpl.ids[vocab.serial] = vocab.encode(features.tokens)
     return ids
 
 
-def encode_selected(selected: Sequence[Prepared], sep: int, vocab: Vocabulary,
-                    max_tokens: int = MAX_TOKENS) -> Encoded:
-    """:class:`Encoded` of lines chosen by :func:`~.preprocess.select_prepared`, the separator
-    (``SEPARATOR_LINE``'s entry) at index ``sep``."""
-    sep_ids = vocab.encode([SEPARATOR])
-    per_line = [sep_ids if i == sep else _ids(p, vocab) for i, p in enumerate(selected)]
-    ids, owners = budget_tokens(per_line, sep, max_tokens)
-    return Encoded(ids, owners, [p.line for p in selected])
+def model_lines(first: Sequence[Prepared], tail: Sequence[Prepared]) -> list[Prepared]:
+    """The lines the model reads of a selected window: see :data:`MAX_LINES`."""
+    head = list(first[:FIRST_LINES])
+    return [*head, _SEPARATOR, *tail[max(0, len(tail) - (MAX_LINES - 1 - len(head))):]]
 
 
-def encode_window(window: LogWindow, vocab: Vocabulary, max_tokens: int = MAX_TOKENS
-                  ) -> Encoded:
-    selected, sep = _selected(window)
-    return encode_selected(selected, sep, vocab, max_tokens)
+def encode_selected(first: Sequence[Prepared], tail: Sequence[Prepared], vocab: Vocabulary
+                    ) -> Encoded:
+    """:class:`Encoded` of lines chosen by :func:`~.preprocess.select_prepared`."""
+    read = model_lines(first, tail)
+    features = [_features(p) for p in read]
+    return Encoded([p.line for p in read],
+                   [_ids(p, f, vocab) for p, f in zip(read, features, strict=True)],
+                   [f.grams for f in features],
+                   [_features(p).wide for p in (*first, *tail)])
 
 
-def pad_batch(seqs: Sequence[Sequence[int]]) -> torch.Tensor:
-    """(B, T) long tensor, right-padded with 0; T is the longest sequence (at least 1)."""
-    width = max(1, max((len(s) for s in seqs), default=1))
-    out = np.zeros((len(seqs), width), dtype=np.int64)
-    for i, seq in enumerate(seqs):
-        out[i, : len(seq)] = seq
-    return torch.from_numpy(out)
+def encode_window(window: LogWindow, vocab: Vocabulary) -> Encoded:
+    return encode_selected(*select_window(window), vocab)
+
+
+def line_tokens(window: LogWindow) -> list[str]:
+    """The tokens the model reads of ``window`` (what a vocabulary is built from)."""
+    return [t for p in model_lines(*select_window(window)) for t in _features(p).tokens]
+
+
+def batch_input(encoded: Sequence[Encoded], word_dropout: float = 0.0,
+                rng: random.Random | None = None) -> ModelInput:
+    """The :class:`~.model.ModelInput` of windows; ``word_dropout`` (training) hides that
+    share of known tokens behind ``<oov>``: logs of other projects are full of unseen words."""
+    width = max((len(e.ids) for e in encoded), default=1)
+    longest = max((len(ids) for e in encoded for ids in e.ids), default=1) or 1
+    tokens = np.zeros((len(encoded) * width, longest), np.int64)
+    grams = np.zeros((len(encoded) * width, MAX_LINE_GRAMS), np.int64)
+    for b, enc in enumerate(encoded):
+        for j, (ids, g) in enumerate(zip(enc.ids, enc.grams, strict=True)):
+            row = b * width + j
+            if word_dropout and rng is not None:
+                ids = [1 if i > 1 and rng.random() < word_dropout else i for i in ids]
+            tokens[row, : len(ids)] = ids
+            grams[row, : len(g)] = g
+    return ModelInput(torch.from_numpy(tokens), torch.from_numpy(grams),
+                      torch.tensor([len(e.ids) for e in encoded]),
+                      *merge_grams([e.wide for e in encoded]))

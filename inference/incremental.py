@@ -17,7 +17,7 @@ from collections.abc import Iterable
 from sibylla.streams.window import DEFAULT_LIMITS, TailWindow, WindowLimits
 
 from .api import LogWindow
-from .features import MAX_TOKENS, Encoded, encode_selected, separator_entry
+from .features import Encoded, encode_selected
 from .preprocess import Prepared, prepare_line, select_prepared
 from .vocab import Vocabulary
 
@@ -56,8 +56,6 @@ class IncrementalFeatures:
         window = self.window
         return not any(line.strip() for line in (*window.first_error, *window.tail))
 
-    def encode(self, vocab: Vocabulary, max_tokens: int = MAX_TOKENS) -> Encoded:
-        """The model's input: ``encode_window(self.log_window(), vocab, max_tokens)``."""
-        first, tail = select_prepared(self._first, self._tail)
-        return encode_selected([*first, separator_entry(), *tail], len(first), vocab,
-                               max_tokens)
+    def encode(self, vocab: Vocabulary) -> Encoded:
+        """The model's input: ``encode_window(self.log_window(), vocab)``."""
+        return encode_selected(*select_prepared(self._first, self._tail), vocab)

@@ -222,10 +222,11 @@ class _Template:
 
     ``masked``: the masked template; ``key``: it stripped (empty: a blank line); ``src``/``dst``:
     per surviving digit, its index in the raw line and in ``masked``; ``tokens``: filled on
-    first use (only kept lines are tokenized); ``ids``: per vocabulary, the tokens' ids.
+    first use (only kept lines are tokenized); ``ids``: per vocabulary, the tokens' ids;
+    ``features``: what the model reads of the line, whatever the vocabulary.
     """
 
-    __slots__ = ("general", "masked", "key", "src", "dst", "pick", "tokens", "ids")
+    __slots__ = ("general", "masked", "key", "src", "dst", "pick", "tokens", "ids", "features")
 
     def __init__(self, raw_template: bytes) -> None:
         template = raw_template.decode("ascii")
@@ -245,6 +246,7 @@ class _Template:
         self.pick = operator.itemgetter(*self.src) if self.src else None
         self.tokens: list[str] | None = None
         self.ids: dict[int, list[int]] = {}
+        self.features: object | None = None  # the model's per-line features (features.py)
 
 
 def _mask_tracked(line: str) -> tuple[str, list[int]]:

@@ -25,15 +25,17 @@ from typing import Any, NamedTuple
 
 import torch
 
+from .api import LogWindow
 from .checkpoint import Checkpoint
 from .corpus import TRAIN_FILE, Record, load_records, packaged_path, split_by_source
-from .engine import score_sequences
-from .features import MAX_TOKENS, pad_batch, window_tokens
+from .engine import score_encoded
+from .features import Encoded, batch_input, encode_window, line_tokens
 from .model import ModelConfig, RecurrentClassifier
 from .preprocess import window_from_text
 from .synthetic import augment, generate
 from .taxonomy import CATEGORIES, LABELS
 from .vocab import Vocabulary
+from .wide import fit_wide
 
 __all__ = [
     "Example",
@@ -64,12 +66,11 @@ class TrainConfig:
 
     seed: int = 1234
     threads: int = 1  # torch threads; more is slower when the cores are shared
-    cell: str = "lstm"  # trains 2-3x faster than "gru" on a CPU, same accuracy here
-    embed_dim: int = 64
-    hidden_dim: int = 64
+    dim: int = 64
     dropout: float = 0.3
     word_dropout: float = 0.1  # tokens replaced by <oov> while training: robust to new words
-    epochs: int = 5
+    deep_weight: float = 0.3  # recurrent share of the served probabilities: bench/deep_weight.py
+    epochs: int = 4
     batch_size: int = 32
     lr: float = 4e-3
     weight_decay: float = 1e-4
@@ -78,7 +79,6 @@ class TrainConfig:
     real_copies: int = 6  # augmented copies of each real training log
     val_fraction: float = 0.15  # by source: whole message templates / issue threads
     min_count: int = 3  # a token enters the vocabulary when seen in this many logs
-    max_tokens: int = MAX_TOKENS
     target_precision: float = 0.98
     min_threshold: float = 0.6
     max_abstention: float = 0.05  # on validation, whose new phrasings are harder than real logs
@@ -118,8 +118,8 @@ def _expand(examples: Sequence[Example], copies: int, rng: random.Random) -> lis
     return out
 
 
-def _encode(examples: Sequence[Example], max_tokens: int) -> list[list[str]]:
-    return [window_tokens(window_from_text(ex.log), max_tokens)[0] for ex in examples]
+def _windows(examples: Sequence[Example]) -> list[LogWindow]:
+    return [window_from_text(ex.log) for ex in examples]
 
 
 def _targets(examples: Sequence[Example]) -> tuple[torch.Tensor, torch.Tensor]:
@@ -172,9 +172,9 @@ def _batches(lengths: Sequence[int], batch_size: int, rng: random.Random) -> lis
     return out
 
 
-def _version(cell: str, records_hash: str, config: TrainConfig) -> str:
+def _version(records_hash: str, config: TrainConfig) -> str:
     h = hashlib.sha256((records_hash + json.dumps(config.to_dict(), sort_keys=True)).encode())
-    return f"{cell}-{h.hexdigest()[:12]}"
+    return f"lines-{h.hexdigest()[:12]}"
 
 
 def train_model(examples: Sequence[Example | tuple[str, str, str]], config: TrainConfig,
@@ -189,33 +189,39 @@ def train_model(examples: Sequence[Example | tuple[str, str, str]], config: Trai
            for ex in exs]
     train_raw, val = _split(exs, config.val_fraction, str(config.seed))
     train = _expand(train_raw, config.real_copies, rng)
-    train_tokens = _encode(train, config.max_tokens)
+    train_windows = _windows(train)
     if init_from is not None:  # a copy: the original may be serving predictions right now
         vocab, model = init_from.vocab, copy.deepcopy(init_from.model)
     else:
-        vocab = Vocabulary.build(train_tokens, min_count=config.min_count)
+        vocab = Vocabulary.build([line_tokens(w) for w in train_windows],
+                                 min_count=config.min_count)
         model = RecurrentClassifier(ModelConfig(
-            vocab_size=len(vocab), n_categories=len(CATEGORIES), cell=config.cell,  # type: ignore[arg-type]
-            embed_dim=config.embed_dim, hidden_dim=config.hidden_dim, dropout=config.dropout))
-    train_ids = [vocab.encode(toks) for toks in train_tokens]
-    val_ids = [vocab.encode(toks) for toks in _encode(val, config.max_tokens)]
+            vocab_size=len(vocab), n_categories=len(CATEGORIES), dim=config.dim,
+            dropout=config.dropout, deep_weight=config.deep_weight))
+    train_enc = [encode_window(w, vocab) for w in train_windows]
+    val_enc = [encode_window(w, vocab) for w in _windows(val)]
+    if init_from is None:  # stage 1: the wide path, fitted alone on the logs as written
+        written = {id(ex) for ex in train_raw}
+        _fit_wide_path(model, [enc for ex, enc in zip(train, train_enc, strict=True)
+                               if id(ex) in written], train_raw)
     y_verdict, y_category = _targets(train)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=config.lr,
-                                  weight_decay=config.weight_decay)
+    optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad],
+                                  lr=config.lr, weight_decay=config.weight_decay)
     best_state, best_loss = None, math.inf
     for epoch in range(config.epochs):
         model.train()
         total = 0.0
-        batches = _batches([len(s) for s in train_ids], config.batch_size, rng)
-        for idx in batches:
-            x = _word_dropout(pad_batch([train_ids[i] for i in idx]), config.word_dropout)
+        for idx in _batches([len(e.ids) for e in train_enc], config.batch_size, rng):
+            x = batch_input([train_enc[i] for i in idx])
+            x = x._replace(tokens=_word_dropout(x.tokens, config.word_dropout))
             _, loss = model(x, (y_verdict[idx], y_category[idx]))
+            assert loss is not None
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
             torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
             optimizer.step()
             total += loss.item() * len(idx)
-        val_loss = _val_loss(model, val_ids, val) if val else total / len(train)
+        val_loss = _val_loss(model, val_enc, val) if val else total / len(train)
         logger.info("epoch %d: train loss %.4f, val loss %.4f (%.0f s)", epoch + 1,
                     total / len(train), val_loss, time.monotonic() - t0)
         if val_loss < best_loss:
@@ -224,14 +230,25 @@ def train_model(examples: Sequence[Example | tuple[str, str, str]], config: Trai
     if best_state is not None:
         model.load_state_dict(best_state)
     model.eval()
-    meta = _calibrate(model, val_ids, val, config, init_from)
+    meta = _calibrate(model, val_enc, val, config, init_from)
     records_hash = hashlib.sha256("\n".join(f"{e.label}\t{e.category}\t{e.log}"
                                             for e in exs).encode()).hexdigest()
-    meta.update(version=_version(model.config.cell, records_hash, config), data_hash=records_hash,
+    meta.update(version=_version(records_hash, config), data_hash=records_hash,
                 train_config=config.to_dict(), n_train=len(train), n_val=len(val),
                 trained_seconds=round(time.monotonic() - t0, 1),
                 fine_tuned_from=init_from.meta.get("version") if init_from else None)
     return Checkpoint(model, vocab, meta)
+
+
+def _fit_wide_path(model: RecurrentClassifier, encoded: Sequence[Encoded],
+                   examples: Sequence[Example]) -> None:
+    """Stage 1 (see :mod:`.model`): the wide path's idf and weights, fitted alone. A fine-tune
+    keeps them: refitted on a few hundred new labels, the bag would forget the corpus."""
+    idf, weight, bias = fit_wide([e.wide for e in encoded], [ex.category for ex in examples])
+    with torch.no_grad():
+        model.idf.copy_(idf)
+        model.wide.weight.copy_(weight)
+        model.wide_bias.copy_(bias)
 
 
 def _word_dropout(x: torch.Tensor, p: float) -> torch.Tensor:
@@ -252,21 +269,22 @@ def _split(exs: list[Example], fraction: float, salt: str) -> tuple[list[Example
     return [exs[int(r.id)] for r in train], [exs[int(r.id)] for r in val]
 
 
-def _val_loss(model: RecurrentClassifier, ids: list[list[int]], val: Sequence[Example]) -> float:
+def _val_loss(model: RecurrentClassifier, encoded: Sequence[Encoded],
+              val: Sequence[Example]) -> float:
     """Verdict cross-entropy on the validation split: the decision that matters selects."""
     model.eval()
-    logits = torch.tensor(score_sequences(model, ids, batch_size=128).verdict_logits)
+    logits = torch.tensor(score_encoded(model, encoded, batch_size=128).verdict_logits)
     return torch.nn.functional.cross_entropy(logits, _targets(val)[0]).item()
 
 
-def _calibrate(model: RecurrentClassifier, val_ids: list[list[int]], val: Sequence[Example],
+def _calibrate(model: RecurrentClassifier, encoded: Sequence[Encoded], val: Sequence[Example],
                config: TrainConfig, init_from: Checkpoint | None) -> dict[str, Any]:
     """Temperature and threshold from the validation split (kept from ``init_from`` if tiny)."""
     if len(val) < 20:
         base = init_from.meta if init_from else {}
         return {"temperature": base.get("temperature", 1.0),
                 "threshold": base.get("threshold", config.min_threshold)}
-    scores = score_sequences(model, val_ids)
+    scores = score_encoded(model, encoded)
     logits = torch.tensor(scores.verdict_logits)
     labels, _ = _targets(val)
     temperature = calibrate_temperature(logits, labels)

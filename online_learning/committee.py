@@ -9,7 +9,7 @@ outcomes is the trainer's drift signal. Members, comma-separated:
   (:class:`~sibylla.inference.baselines.RegexRules`); no training, always fully confident;
 - ``tfidf``: TF-IDF + logistic regression (:class:`~sibylla.inference.baselines.TfidfLogReg`)
   fitted at start on the shipped model's training recipe (about 15 s on one core);
-- a path to a model file, e.g. a GRU trained with ``sibylla train --cell gru``; it votes under
+- a path to a model file, e.g. one trained with ``sibylla train --seed 7``; it votes under
   its version.
 
 Each member votes ``committee_weight × confidence`` (see ``votes.py``), so a committee alone

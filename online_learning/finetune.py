@@ -6,8 +6,9 @@ time, so the words of a failure phrasing the model never saw (a new library's ex
 a new driver's banner) all map to ``<oov>`` and no amount of fine-tuning can tell them apart.
 Tokens seen in at least ``min_count`` of the fine-tune's logs join the vocabulary; their
 embedding rows start small and random, every other weight is copied, so the grown model
-predicts exactly as the old one on old inputs until it is trained. The current checkpoint is
-never modified: the gate still needs it as the baseline.
+predicts exactly as the old one on old inputs until it is trained. The wide n-gram path needs no
+vocabulary and is kept as fitted on the training corpus (see ``inference/train.py``). The
+current checkpoint is never modified: the gate still needs it as the baseline.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from collections.abc import Sequence
 import torch
 
 from sibylla.inference.checkpoint import Checkpoint
-from sibylla.inference.features import MAX_TOKENS, window_tokens
+from sibylla.inference.features import line_tokens
 from sibylla.inference.model import RecurrentClassifier
 from sibylla.inference.preprocess import window_from_text
 from sibylla.inference.train import Example, TrainConfig, train_model
@@ -34,15 +35,15 @@ NEW_ROW_STD = 0.02  # new embedding rows: near zero, so they barely move the mod
 
 
 def grow_vocabulary(checkpoint: Checkpoint, examples: Sequence[Example], min_count: int,
-                    seed: int = 0, max_tokens: int = MAX_TOKENS) -> Checkpoint:
+                    seed: int = 0) -> Checkpoint:
     """``checkpoint`` with the tokens seen in at least ``min_count`` of ``examples`` (as the
-    model reads them when served: ``max_tokens``) added to its vocabulary. New rows are drawn from a
+    model reads them when served) added to its vocabulary. New rows are drawn from a
     generator seeded with ``seed`` (the same labels make the same model); the model is shared
     when nothing is new (``train_model`` copies it before training)."""
     known = checkpoint.vocab.index
     counts: Counter[str] = Counter()
     for ex in examples:
-        tokens = window_tokens(window_from_text(ex.log), max_tokens)[0]
+        tokens = line_tokens(window_from_text(ex.log))
         counts.update({t for t in tokens if t not in known})
     new = sorted(t for t, c in counts.items() if c >= min_count)
     if not new:
@@ -50,9 +51,9 @@ def grow_vocabulary(checkpoint: Checkpoint, examples: Sequence[Example], min_cou
     config = dataclasses.replace(checkpoint.model.config, vocab_size=len(known) + len(new))
     grown = RecurrentClassifier(config)
     state = dict(checkpoint.model.state_dict())  # load_state_dict below copies the tensors
-    old = state["embed.weight"]  # (V_old, E)
+    old = state["tokens.weight"]  # (V_old, E)
     rows = torch.randn(len(new), old.shape[1], generator=torch.Generator().manual_seed(seed))
-    state["embed.weight"] = torch.cat([old, rows * NEW_ROW_STD])
+    state["tokens.weight"] = torch.cat([old, rows * NEW_ROW_STD])
     grown.load_state_dict(state)
     grown.eval()
     log.info("vocabulary grows by %d tokens to %d", len(new), config.vocab_size)

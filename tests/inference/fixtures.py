@@ -4,9 +4,7 @@ from __future__ import annotations
 
 from sibylla.inference.train import TrainConfig
 
-TINY = TrainConfig(seed=7, embed_dim=8, hidden_dim=8, epochs=2, real_copies=1, min_count=2,
-                   synthetic=64,
-                   max_tokens=128)
+TINY = TrainConfig(seed=7, dim=8, epochs=2, real_copies=1, min_count=2, synthetic=64)
 
 OOM_LOG = """\
 Epoch 3:  45%|####5     | 450/1000 [02:13<02:43,  3.37it/s, loss=0.512]

@@ -16,7 +16,7 @@ from tests.inference.fixtures import NCCL_LOG, OOM_LOG
 def test_load_classifier_meets_the_pipeline_contract(tiny_path: Path) -> None:
     classifier = load_classifier(str(tiny_path), device="cpu")
     assert isinstance(classifier, Classifier)
-    assert classifier.version.startswith("lstm-")
+    assert classifier.version.startswith("lines-")
     assert classifier.threshold > 0
 
 
@@ -106,5 +106,5 @@ def test_evidence_leaves_out_traceback_headers_frames_and_imports() -> None:
              "from detectron2.config import get_cfg", "ValueError: bad shape", "step 9")
     lines = [Line(t, t) for t in texts]
     attention = [0.4, 0.3, 0.2, 0.05, 0.05]  # attention on the noise, as it happens
-    evidence = _evidence(Encoded([5] * 5, [0, 1, 2, 3, 4], lines), attention)
+    evidence = _evidence(Encoded(lines, [[5]] * 5, [()] * 5, []), attention)
     assert evidence == ["ValueError: bad shape", "step 9"]

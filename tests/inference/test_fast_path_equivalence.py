@@ -1,16 +1,17 @@
-"""The fast preprocessing gives the shipped model exactly the token ids of the original one.
+"""The fast preprocessing gives the model exactly what the plain, line-by-line one gives.
 
-``_reference_*`` below is the preprocessing the shipped model was trained with, verbatim
-(before the per-window cache of prepared lines, the ASCII-mode patterns, the substring
-prefilters and the cached CamelCase split): any difference in ids, owners or shown lines on
-the real corpus, on generated logs or on adversarial lines fails here.
+``_reference_*`` below is the original preprocessing, verbatim (before the per-window cache of
+prepared lines, the per-template masking, the ASCII-mode patterns, the substring prefilters and
+the cached CamelCase split). Any difference fails here: in the lines read, their token ids or
+their wide n-gram counts (which the fast path computes once per line template), in the token
+view of the word TF-IDF, on the real corpus, on generated logs or on adversarial lines.
 """
 
 from __future__ import annotations
 
 import functools
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 
 import pytest
 from hypothesis import given, settings
@@ -20,7 +21,14 @@ from sibylla.inference import preprocess
 from sibylla.inference.api import LogWindow
 from sibylla.inference.checkpoint import load_checkpoint
 from sibylla.inference.corpus import REAL_FILES, load_records, packaged_path
-from sibylla.inference.features import MAX_TOKENS, encode_window, pad_batch
+from sibylla.inference.features import (
+    FIRST_LINES,
+    MAX_LINE_TOKENS,
+    MAX_LINES,
+    MAX_TOKENS,
+    encode_window,
+    window_tokens,
+)
 from sibylla.inference.preprocess import (
     SEPARATOR_LINE,
     Line,
@@ -32,6 +40,7 @@ from sibylla.inference.preprocess import (
 )
 from sibylla.inference.synthetic import augment, generate
 from sibylla.inference.vocab import Vocabulary
+from sibylla.inference.wide import line_grams
 
 _SECRET_HINT = re.compile(r"(?i)pass|pwd|secret|key|token|bearer|authoriz|hf[_-]|gh[pos][_-]"
                           r"|github_pat|sk[_-]|xox[abp]|akia|eyj|://")
@@ -127,8 +136,7 @@ def _reference_tokenize(line: str, max_tokens: int = 64) -> list[str]:
     return out
 
 
-def _reference_ids(window: LogWindow, vocab: Vocabulary) -> tuple[list[int], list[int],
-                                                                   list[Line]]:
+def _reference_tokens(window: LogWindow) -> tuple[list[str], list[int], list[Line]]:
     lines = _reference_model_lines(window)
     # tokens_of_lines only calls tokenize: patch in the reference one for the reference run.
     fast = preprocess.tokenize
@@ -137,7 +145,20 @@ def _reference_ids(window: LogWindow, vocab: Vocabulary) -> tuple[list[int], lis
         tokens, owners = tokens_of_lines(lines, MAX_TOKENS)
     finally:
         preprocess.tokenize = fast
-    return vocab.encode(tokens), owners, lines
+    return tokens, owners, lines
+
+
+def _reference_encoded(window: LogWindow, vocab: Vocabulary
+                       ) -> tuple[list[Line], list[list[int]], list[list[list[int]]]]:
+    """(lines read, their ids, the wide counts of every selected line) of the model."""
+    lines = _reference_model_lines(window)
+    sep = lines.index(SEPARATOR_LINE)
+    first, tail = lines[:sep], lines[sep + 1 :]
+    head = first[:FIRST_LINES]
+    read = [*head, SEPARATOR_LINE, *tail[max(0, len(tail) - (MAX_LINES - 1 - len(head))):]]
+    ids = [vocab.encode(["<sep>"] if line is SEPARATOR_LINE else
+                        _reference_tokenize(line.masked)[:MAX_LINE_TOKENS]) for line in read]
+    return read, ids, [line_grams(line.masked).tolist() for line in (*first, *tail)]
 
 
 @functools.cache
@@ -152,18 +173,19 @@ def vocab() -> Vocabulary:
 
 
 def _assert_same(window: LogWindow, vocab: Vocabulary) -> None:
-    enc = encode_window(window, vocab, MAX_TOKENS)
-    ids, owners, lines = _reference_ids(window, vocab)
-    assert enc.ids == ids
-    assert enc.owners == owners
+    enc = encode_window(window, vocab)
+    lines, ids, wide = _reference_encoded(window, vocab)
     assert enc.lines == lines
+    assert enc.ids == ids
+    assert [w.tolist() for w in enc.wide] == wide
+    assert window_tokens(window) == _reference_tokens(window)
 
 
 def _corpus_texts() -> list[str]:
     return [r.log for name in REAL_FILES for r in load_records(packaged_path(name))]
 
 
-def test_real_corpus_gives_the_same_ids(vocab: Vocabulary) -> None:
+def test_real_corpus_gives_the_same_features(vocab: Vocabulary) -> None:
     texts = _corpus_texts()
     assert len(texts) >= 131  # files a and d, and every real file added since
     for i, text in enumerate(texts):
@@ -176,7 +198,7 @@ def test_real_corpus_gives_the_same_ids(vocab: Vocabulary) -> None:
             assert tokenize(mask(shown)) == _reference_tokenize(_reference_mask(shown))
 
 
-def test_generated_logs_give_the_same_ids(vocab: Vocabulary) -> None:
+def test_generated_logs_give_the_same_features(vocab: Vocabulary) -> None:
     records = generate(400, seed=11)
     for r in records:
         _assert_same(window_from_text(r.log, job_id=r.id), vocab)
@@ -186,7 +208,7 @@ def test_generated_logs_give_the_same_ids(vocab: Vocabulary) -> None:
         _assert_same(window_from_text(log, job_id=str(i)), vocab)
 
 
-def test_augmented_and_odd_text_gives_the_same_ids(vocab: Vocabulary) -> None:
+def test_augmented_and_odd_text_gives_the_same_features(vocab: Vocabulary) -> None:
     import random
 
     rng = random.Random(5)
@@ -210,7 +232,7 @@ def test_augmented_and_odd_text_gives_the_same_ids(vocab: Vocabulary) -> None:
 @settings(max_examples=300, deadline=None)
 @given(st.lists(st.text(st.characters(blacklist_categories=("Cs",)), max_size=120),
                 max_size=30))
-def test_arbitrary_lines_give_the_same_ids(lines: list[str]) -> None:
+def test_arbitrary_lines_give_the_same_features(lines: list[str]) -> None:
     vocab = _shipped_vocab()
     window = LogWindow("j", 0, tail=lines, first_error=lines[:5])
     _assert_same(window, vocab)
@@ -218,17 +240,3 @@ def test_arbitrary_lines_give_the_same_ids(lines: list[str]) -> None:
         assert redact(line) == _reference_redact(line)
         assert mask(line) == _reference_mask(line)
         assert tokenize(line) == _reference_tokenize(line)
-
-
-def test_pad_batch_matches_the_loop() -> None:
-    import torch
-
-    seqs: Sequence[Sequence[int]] = [[3, 4, 5], [], [7], [1, 2, 3, 4]]
-    want = torch.zeros((4, 4), dtype=torch.long)
-    for i, seq in enumerate(seqs):
-        if seq:
-            want[i, : len(seq)] = torch.tensor(seq, dtype=torch.long)
-    got = pad_batch(seqs)
-    assert got.dtype == torch.long
-    assert torch.equal(got, want)
-    assert pad_batch([]).shape == (0, 1)

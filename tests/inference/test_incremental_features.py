@@ -23,8 +23,9 @@ from sibylla.inference.preprocess import (
 from sibylla.inference.synthetic import generate
 from sibylla.streams.window import TailWindow, WindowLimits
 from tests.inference.test_fast_path_equivalence import (
-    _reference_ids,
+    _assert_same,
     _reference_mask,
+    _reference_model_lines,
     _reference_redact,
     _shipped_vocab,
 )
@@ -62,11 +63,9 @@ def test_prepared_lines_match_the_reference(batch: list[str]) -> None:
                                                   "RuntimeError: 0x12 step 3", ""])),
                 max_size=40))
 def test_windows_match_the_reference(tail: list[str]) -> None:
-    vocab = _shipped_vocab()
     window = LogWindow("j", 0, tail=tail, first_error=tail[:5])
-    enc = encode_window(window, vocab)
-    ids, owners, want = _reference_ids(window, vocab)
-    assert (enc.ids, enc.owners, enc.lines) == (ids, owners, want)
+    _assert_same(window, _shipped_vocab())
+    want = _reference_model_lines(window)
     first, rest = select_lines(window)
     assert [*first, *rest] == [line for line in want if line is not SEPARATOR_LINE]
 
@@ -98,8 +97,7 @@ def test_incremental_features_equal_the_batch_path(printed: list[str], cuts: lis
     assert features.log_window() == window
     assert features.empty == window.empty
     assert features.encode(vocab) == encode_window(window, vocab)
-    ids, owners, want = _reference_ids(window, vocab)
-    assert features.encode(vocab) == type(features.encode(vocab))(ids, owners, want)
+    _assert_same(window, vocab)
 
 
 def test_incremental_features_on_generated_logs() -> None:

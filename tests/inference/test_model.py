@@ -14,31 +14,46 @@ from sibylla.inference.checkpoint import (
     load_checkpoint,
     save_checkpoint,
 )
-from sibylla.inference.model import ModelConfig, RecurrentClassifier
+from sibylla.inference.features import batch_input, encode_window
+from sibylla.inference.model import ModelConfig, ModelInput, RecurrentClassifier
+from sibylla.inference.preprocess import window_from_text
 from sibylla.inference.train import Example, calibrate_temperature, choose_threshold, train_model
-from tests.inference.fixtures import TINY
+from sibylla.inference.vocab import Vocabulary
+from tests.inference.fixtures import NCCL_LOG, OOM_LOG, TINY
 
 
-@pytest.mark.parametrize("cell", ["gru", "lstm"])
-def test_forward_gives_both_heads_and_a_loss(cell: str) -> None:
-    model = RecurrentClassifier(ModelConfig(vocab_size=30, cell=cell, embed_dim=8, hidden_dim=8))
-    x = torch.randint(1, 30, (3, 11))
-    logits, loss = model(x)
+def _batch(texts: list[str], vocab: Vocabulary) -> ModelInput:
+    return batch_input([encode_window(window_from_text(t), vocab) for t in texts])
+
+
+def test_forward_gives_both_heads_and_a_loss(tiny: Checkpoint) -> None:
+    x = _batch([OOM_LOG, NCCL_LOG, "Killed"], tiny.vocab)
+    logits, loss = tiny.model(x)
     assert logits.verdict.shape == (3, 2) and logits.category.shape == (3, 16)
+    assert logits.attention.shape[0] == 3
+    # served outputs are log-probabilities of the two paths' average
+    assert torch.allclose(logits.verdict.exp().sum(1), torch.ones(3), atol=1e-5)
     assert loss is None
-    _, loss = model(x, (torch.tensor([0, 1, 0]), torch.tensor([1, 12, 3])))
+    _, loss = tiny.model(x, (torch.tensor([0, 1, 0]), torch.tensor([1, 12, 3])))
     assert loss is not None and loss.item() > 0
 
 
-def test_a_windows_score_does_not_depend_on_its_batch_mates() -> None:
-    torch.manual_seed(0)
-    model = RecurrentClassifier(ModelConfig(vocab_size=30, embed_dim=8, hidden_dim=8)).eval()
-    short = torch.randint(1, 30, (1, 5))
-    padded = torch.cat([short, torch.zeros(1, 20, dtype=torch.long)], dim=1)
+def test_a_windows_score_does_not_depend_on_its_batch_mates(tiny: Checkpoint) -> None:
+    long_log = "\n".join([OOM_LOG] + [f"step {i} loss {i / 7:.3f} lr 1e-4 tokens {i}"
+                                      for i in range(80)] + [NCCL_LOG])
     with torch.no_grad():
-        a, _ = model(short)
-        b, _ = model(padded)
-    assert torch.allclose(a.verdict, b.verdict, atol=1e-6)
+        alone, _ = tiny.model(_batch([OOM_LOG], tiny.vocab))
+        together, _ = tiny.model(_batch([long_log, OOM_LOG], tiny.vocab))
+    assert torch.allclose(alone.verdict[0], together.verdict[1], atol=1e-5)
+    assert torch.allclose(alone.category[0], together.category[1], atol=1e-5)
+
+
+def test_the_wide_path_is_fitted_and_a_fine_tune_keeps_it(tiny: Checkpoint) -> None:
+    assert tiny.model.wide.weight.abs().sum() > 0 and tiny.model.idf.max() > 0
+    extra = [(OOM_LOG, "deterministic", "gpu_out_of_memory")] * 4
+    tuned = train_model(extra, TINY, init_from=tiny)
+    assert torch.equal(tuned.model.wide.weight, tiny.model.wide.weight)
+    assert torch.equal(tuned.model.idf, tiny.model.idf)
 
 
 def test_save_and_load_round_trip_exactly(tiny: Checkpoint, tiny_path: Path) -> None:
@@ -51,7 +66,7 @@ def test_save_and_load_round_trip_exactly(tiny: Checkpoint, tiny_path: Path) -> 
 
 def test_training_records_version_and_calibration(tiny: Checkpoint) -> None:
     meta = tiny.meta
-    assert meta["version"].startswith("lstm-") and len(meta["data_hash"]) == 64
+    assert meta["version"].startswith("lines-") and len(meta["data_hash"]) == 64
     assert 0.5 <= meta["threshold"] <= 0.99 and meta["temperature"] > 0
     assert meta["train_config"]["seed"] == TINY.seed
 
@@ -120,15 +135,14 @@ def test_broken_files_give_one_clear_error(tiny: Checkpoint, tiny_path: Path,
 
 def test_a_checkpoint_that_does_not_match_its_config_is_refused(tiny: Checkpoint,
                                                                 tmp_path: Path) -> None:
-    bigger = RecurrentClassifier(ModelConfig(vocab_size=len(tiny.vocab), embed_dim=16,
-                                             hidden_dim=8))
+    bigger = RecurrentClassifier(ModelConfig(vocab_size=len(tiny.vocab), dim=16))
     path = save_checkpoint(bigger, tiny.vocab, tiny.meta, tmp_path / "m.safetensors")
     from safetensors import safe_open
     from safetensors.torch import load_file, save_file
 
     with safe_open(str(path), framework="pt") as fh:
         header = dict(fh.metadata())
-    header["config"] = json.dumps({**json.loads(header["config"]), "embed_dim": 8})
+    header["config"] = json.dumps({**json.loads(header["config"]), "dim": 8})
     save_file(load_file(str(path)), str(path), metadata=header)
     with pytest.raises(ModelLoadError, match="does not match"):
         load_checkpoint(path)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from sibylla.inference.checkpoint import Checkpoint
-from sibylla.inference.features import window_tokens
+from sibylla.inference.features import line_tokens
 from sibylla.inference.model import ModelConfig, RecurrentClassifier
 from sibylla.inference.preprocess import window_from_text
 from sibylla.inference.synthetic import generate
@@ -20,13 +20,13 @@ def examples(n: int, seed: int = 0) -> list[Example]:
 
 
 def tiny_checkpoint(train: list[Example], version: str = "tiny-0") -> Checkpoint:
-    """An untrained two-dimensional GRU whose vocabulary comes from ``train``."""
-    vocab = Vocabulary.build([window_tokens(window_from_text(ex.log))[0] for ex in train],
+    """An untrained eight-dimensional model whose vocabulary comes from ``train``."""
+    vocab = Vocabulary.build([line_tokens(window_from_text(ex.log)) for ex in train],
                              min_count=2)
-    config = ModelConfig(vocab_size=len(vocab), n_categories=len(CATEGORIES), embed_dim=8,
-                         hidden_dim=8, dropout=0.0)
+    config = ModelConfig(vocab_size=len(vocab), n_categories=len(CATEGORIES), dim=8,
+                         dropout=0.0)
     meta = {"version": version, "threshold": 0.5,
-            "train_config": {"embed_dim": 8, "hidden_dim": 8, "batch_size": 32}}
+            "train_config": {"dim": 8, "batch_size": 32}}
     return Checkpoint(RecurrentClassifier(config).eval(), vocab, meta)
 
 

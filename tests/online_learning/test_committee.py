@@ -35,7 +35,7 @@ def test_no_committee_by_default() -> None:
 def test_the_committee_names_its_members_by_model_version() -> None:
     committee = build_committee(f" rules, {shipped_model_path()} ", device="cpu")
     assert list(committee)[0] == "regex-rules"
-    assert list(committee)[1].startswith("lstm-")
+    assert list(committee)[1].startswith("lines-")
 
 
 @pytest.mark.parametrize("spec, message", [
