@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import functools
 import itertools
-import random
 import zlib
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -76,23 +75,33 @@ GRAM_BUCKETS = 1 << 14  # ModelConfig.gram_buckets of every model built here
 
 @dataclass(frozen=True, slots=True, eq=False)
 class Encoded:
-    """One window as the model reads it: per line, token ids and hashed 3-gram ids; the
-    window's lines' wide n-gram counts; the lines themselves (evidence maps attention to
-    them). Only ``ids`` depends on a vocabulary. Equal when every field is."""
+    """One window as the model reads it: per line read, token ids (n, ``MAX_LINE_TOKENS``)
+    and hashed 3-gram ids (n, ``MAX_LINE_GRAMS``), 0-padded; the wide n-gram counts of every
+    selected line; the lines themselves (evidence maps attention to them). Only ``ids``
+    depends on a vocabulary. Equal when every field is."""
 
     lines: list[Line]
-    ids: list[list[int]]
-    grams: list[tuple[int, ...]]
+    ids: np.ndarray
+    grams: np.ndarray
     wide: list[GramCounts]  # per selected line, summed when batched
 
     def __eq__(self, other: object) -> bool:
         return (isinstance(other, Encoded) and self.lines == other.lines
-                and self.ids == other.ids and self.grams == other.grams
+                and np.array_equal(self.ids, other.ids)
+                and np.array_equal(self.grams, other.grams)
                 and len(self.wide) == len(other.wide)
                 and all(np.array_equal(a, b) for a, b in zip(self.wide, other.wide,
                                                              strict=True)))
 
-    __hash__ = None  # type: ignore[assignment]  # mutable lists inside
+    __hash__ = None  # type: ignore[assignment]  # arrays inside
+
+
+def _padded(values: Sequence[int], width: int) -> np.ndarray:
+    """``values`` as a read-only int64 row of ``width``, 0-padded (rows are shared)."""
+    row = np.zeros(width, np.int64)
+    row[: len(values)] = values
+    row.flags.writeable = False
+    return row
 
 
 class _LineFeatures:
@@ -102,8 +111,8 @@ class _LineFeatures:
 
     def __init__(self, tokens: list[str], wide: GramCounts) -> None:
         self.tokens = tokens
-        self.grams = tuple(itertools.islice((g for t in tokens for g in _token_grams(t)),
-                                            MAX_LINE_GRAMS))
+        self.grams = _padded(list(itertools.islice(
+            (g for t in tokens for g in _token_grams(t)), MAX_LINE_GRAMS)), MAX_LINE_GRAMS)
         self.wide = wide
 
     @classmethod
@@ -137,16 +146,17 @@ def _features(p: Prepared) -> _LineFeatures:
     return features
 
 
-def _ids(p: Prepared, features: _LineFeatures, vocab: Vocabulary) -> list[int]:
-    """Ids of a line's tokens, kept with its template (one lookup per template and model)."""
+def _ids(p: Prepared, features: _LineFeatures, vocab: Vocabulary) -> np.ndarray:
+    """A line's token ids as a padded row, kept with its template (one lookup per template
+    and model)."""
     tpl = p.template
     if tpl is None:  # a line of the general path, or the separator
-        return vocab.encode(features.tokens)
+        return _padded(vocab.encode(features.tokens), MAX_LINE_TOKENS)
     ids = tpl.ids.get(vocab.serial)
     if ids is None:
         if len(tpl.ids) >= 4:  # models swapped in over time: keep the ids of the last few
             tpl.ids.clear()
-        ids = tpl.ids[vocab.serial] = vocab.encode(features.tokens)
+        ids = tpl.ids[vocab.serial] = _padded(vocab.encode(features.tokens), MAX_LINE_TOKENS)
     return ids
 
 
@@ -162,8 +172,8 @@ def encode_selected(first: Sequence[Prepared], tail: Sequence[Prepared], vocab: 
     read = model_lines(first, tail)
     features = [_features(p) for p in read]
     return Encoded([p.line for p in read],
-                   [_ids(p, f, vocab) for p, f in zip(read, features, strict=True)],
-                   [f.grams for f in features],
+                   np.stack([_ids(p, f, vocab) for p, f in zip(read, features, strict=True)]),
+                   np.stack([f.grams for f in features]),
                    [_features(p).wide for p in (*first, *tail)])
 
 
@@ -176,21 +186,14 @@ def line_tokens(window: LogWindow) -> list[str]:
     return [t for p in model_lines(*select_window(window)) for t in _features(p).tokens]
 
 
-def batch_input(encoded: Sequence[Encoded], word_dropout: float = 0.0,
-                rng: random.Random | None = None) -> ModelInput:
-    """The :class:`~.model.ModelInput` of windows; ``word_dropout`` (training) hides that
-    share of known tokens behind ``<oov>``: logs of other projects are full of unseen words."""
+def batch_input(encoded: Sequence[Encoded]) -> ModelInput:
+    """The :class:`~.model.ModelInput` of windows, each padded to the most lines among them."""
     width = max((len(e.ids) for e in encoded), default=1)
-    longest = max((len(ids) for e in encoded for ids in e.ids), default=1) or 1
-    tokens = np.zeros((len(encoded) * width, longest), np.int64)
+    tokens = np.zeros((len(encoded) * width, MAX_LINE_TOKENS), np.int64)
     grams = np.zeros((len(encoded) * width, MAX_LINE_GRAMS), np.int64)
     for b, enc in enumerate(encoded):
-        for j, (ids, g) in enumerate(zip(enc.ids, enc.grams, strict=True)):
-            row = b * width + j
-            if word_dropout and rng is not None:
-                ids = [1 if i > 1 and rng.random() < word_dropout else i for i in ids]
-            tokens[row, : len(ids)] = ids
-            grams[row, : len(g)] = g
+        tokens[b * width : b * width + len(enc.ids)] = enc.ids
+        grams[b * width : b * width + len(enc.grams)] = enc.grams
     return ModelInput(torch.from_numpy(tokens), torch.from_numpy(grams),
                       torch.tensor([len(e.ids) for e in encoded]),
                       *merge_grams([e.wide for e in encoded]))

@@ -23,7 +23,7 @@ import functools
 import operator
 import re
 from collections.abc import Callable, Iterable, Sequence
-from typing import NamedTuple, TypeVar
+from typing import Any, NamedTuple, TypeVar
 
 from sibylla.streams.window import DEFAULT_LIMITS, TailWindow, WindowLimits
 
@@ -245,7 +245,7 @@ class _Template:
         # the surviving digits of a line of this template, as _digits_value gives them
         self.pick = operator.itemgetter(*self.src) if self.src else None
         self.tokens: list[str] | None = None
-        self.ids: dict[int, list[int]] = {}
+        self.ids: dict[int, Any] = {}  # the model's padded id row per vocabulary (features.py)
         self.features: object | None = None  # the model's per-line features (features.py)
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from sibylla.inference import Classifier, LogWindow, ModelLoadError, load_classifier
@@ -106,5 +107,6 @@ def test_evidence_leaves_out_traceback_headers_frames_and_imports() -> None:
              "from detectron2.config import get_cfg", "ValueError: bad shape", "step 9")
     lines = [Line(t, t) for t in texts]
     attention = [0.4, 0.3, 0.2, 0.05, 0.05]  # attention on the noise, as it happens
-    evidence = _evidence(Encoded(lines, [[5]] * 5, [()] * 5, []), attention)
+    evidence = _evidence(Encoded(lines, np.full((5, 24), 5), np.zeros((5, 96), int), []),
+                         attention)
     assert evidence == ["ValueError: bad shape", "step 9"]
