@@ -187,13 +187,13 @@ def line_tokens(window: LogWindow) -> list[str]:
 
 
 def batch_input(encoded: Sequence[Encoded]) -> ModelInput:
-    """The :class:`~.model.ModelInput` of windows, each padded to the most lines among them."""
-    width = max((len(e.ids) for e in encoded), default=1)
-    tokens = np.zeros((len(encoded) * width, MAX_LINE_TOKENS), np.int64)
-    grams = np.zeros((len(encoded) * width, MAX_LINE_GRAMS), np.int64)
-    for b, enc in enumerate(encoded):
-        tokens[b * width : b * width + len(enc.ids)] = enc.ids
-        grams[b * width : b * width + len(enc.grams)] = enc.grams
-    return ModelInput(torch.from_numpy(tokens), torch.from_numpy(grams),
-                      torch.tensor([len(e.ids) for e in encoded]),
+    """The :class:`~.model.ModelInput` of windows (lines in a grid as wide as the most lines
+    of any of them)."""
+    n_lines = [len(e.ids) for e in encoded]
+    width = max(n_lines, default=1)
+    slots = np.concatenate([np.arange(n) + b * width for b, n in enumerate(n_lines)]
+                           or [np.zeros(0, np.int64)])
+    return ModelInput(torch.from_numpy(np.concatenate([e.ids for e in encoded])),
+                      torch.from_numpy(np.concatenate([e.grams for e in encoded])),
+                      torch.tensor(n_lines), torch.from_numpy(slots),
                       *merge_grams([e.wide for e in encoded]))

@@ -60,14 +60,16 @@ class ModelConfig:
 class ModelInput(NamedTuple):
     """A batch of B windows of at most L lines (built by :func:`~.features.batch_input`).
 
-    ``tokens`` (B*L, T) and ``grams`` (B*L, G): per line slot, token ids and hashed 3-gram ids,
-    0-padded; ``n_lines`` (B,), on the CPU; the wide path's buckets per window as
+    ``tokens`` (N, T) and ``grams`` (N, G): per line read, token ids and hashed 3-gram ids,
+    0-padded; ``n_lines`` (B,), on the CPU; ``slots`` (N,): each line's place in the (B, L)
+    grid, so that padding lines cost nothing; the wide path's buckets per window as
     :func:`~.wide.merge_grams` lays them out (ids, offsets, counts, rows).
     """
 
     tokens: torch.Tensor
     grams: torch.Tensor
     n_lines: torch.Tensor
+    slots: torch.Tensor
     wide_ids: torch.Tensor
     wide_offsets: torch.Tensor
     wide_counts: torch.Tensor
@@ -118,8 +120,9 @@ class RecurrentClassifier(nn.Module):
     def deep(self, x: ModelInput) -> Logits:
         """The recurrent path's raw logits (what training minimises)."""
         batch = x.n_lines.shape[0]
-        width = x.tokens.shape[0] // max(1, batch)
-        lines = torch.tanh(self.line(torch.cat([self.tokens(x.tokens), self.grams(x.grams)], 1)))
+        width = max(1, int(x.n_lines.max())) if batch else 1
+        read = torch.tanh(self.line(torch.cat([self.tokens(x.tokens), self.grams(x.grams)], 1)))
+        lines = read.new_zeros(batch * width, read.shape[1]).index_copy(0, x.slots, read)
         lines = self.drop(lines.view(batch, width, -1))
         packed = nn.utils.rnn.pack_padded_sequence(lines, x.n_lines.clamp_min(1),
                                                    batch_first=True, enforce_sorted=False)

@@ -69,7 +69,7 @@ class TrainConfig:
     dim: int = 64
     dropout: float = 0.3
     word_dropout: float = 0.1  # tokens replaced by <oov> while training: robust to new words
-    deep_weight: float = 0.3  # recurrent share of the served probabilities: bench/deep_weight.py
+    deep_weight: float = 0.2  # recurrent share of the served probabilities: bench/deep_weight.py
     epochs: int = 4
     batch_size: int = 32
     lr: float = 4e-3
