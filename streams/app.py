@@ -13,6 +13,7 @@ from typing import Any
 import faust
 
 from sibylla.settings import Settings
+from sibylla.streams import stores
 from sibylla.streams.fastpath import SibyllaApp
 
 __all__ = ["Topology", "build_app", "raw_table"]
@@ -66,7 +67,7 @@ def raw_table(app: Any, settings: Settings, name: str) -> Any:
 
 def build_app(settings: Settings) -> Topology:
     """The app, topics and tables of a worker (no agents yet)."""
-    store = "memory://" if settings.store == "memory" else "rocksdb://"
+    store = "memory://" if settings.store == "memory" else f"{stores.SCHEME}://"
     app = SibyllaApp(
         settings.group_id,
         broker=settings.broker_url,

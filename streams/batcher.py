@@ -51,6 +51,12 @@ class MicroBatcher(Generic[In, Out]):
         """Replace the batch function; the batch running now finishes with the old one."""
         self._fn = fn
 
+    async def warm_up(self, items: Sequence[In]) -> None:
+        """Run the model once on ``items`` in its thread, outside the metrics: the first call
+        of a model pays one-time costs (lazy initialisation, kernels for new shapes) that
+        would otherwise land on the first real decision."""
+        await asyncio.get_running_loop().run_in_executor(self._executor, self._fn, items)
+
     async def submit_many(self, items: Sequence[In]) -> list[Out]:
         """Results for ``items`` in order, batched with whatever else is waiting."""
         if self._queue is None:

@@ -1,0 +1,42 @@
+"""faust's RocksDB table store without a full garbage collection per table per rebalance.
+
+faust's ``rocksdb.Store.revoke_partitions`` runs ``gc.collect()`` every time, for every table,
+whether or not it closed a database: its purpose is to free the handles of the databases it
+dropped, so that the same partition can be opened again (RocksDB locks a database per
+process). With torch loaded a collection takes 0.15-0.25 s of CPU on the project's box, and a
+worker has 8 tables: about 2 s of the event loop at start-up (the first assignment revokes the
+empty set), and again at every rebalance, while the worker owns no partitions yet or has just
+been given them. (Seen in a py-spy profile of a worker start: 532 of 2,428 samples.)
+
+:class:`Store` collects only when it dropped a database, which keeps what the collection is
+for. It is registered as the ``sibylla`` store (``sibylla://``), chosen by ``app.build_app``.
+"""
+
+from __future__ import annotations
+
+import gc
+from typing import Any
+
+from faust.stores import STORES, rocksdb
+
+__all__ = ["SCHEME", "Store"]
+
+SCHEME = "sibylla"
+
+
+class Store(rocksdb.Store):
+    """faust's RocksDB store; see the module docstring for the one difference."""
+
+    def revoke_partitions(self, table: Any, tps: Any) -> None:
+        dropped = False
+        for tp in tps:
+            if tp.topic in table.changelog_topic.topics:
+                db = self._dbs.pop(tp.partition, None)
+                if db is not None:
+                    dropped = True
+                    self.logger.info(f"closing db {tp.topic} partition {tp.partition}")
+        if dropped:
+            gc.collect()  # frees the dropped handles so that the partition can reopen
+
+
+STORES.aliases[SCHEME] = f"{__name__}:Store"
