@@ -6,7 +6,8 @@ other folds' real logs, and scores the fold's logs with each path apart. The hel
 ``sibylla evaluate`` reports on are never read. For each weight of the recurrent path it prints
 macro-F1 without abstention and deterministic precision (95 % interval) and abstention at the
 threshold cross-fitted by project, and writes bench/results/deep-weight.json. The shipped
-weight is the one with the best macro-F1 (ties: the larger weight).
+weight is the one with the best macro-F1; ties go to the smaller weight, the convex wide path
+being the one that does not change with the random stream (85 logs: one log is 0.01).
 
     python bench/deep_weight.py [--folds 5] [--epochs 4]
 """
@@ -104,7 +105,7 @@ def main(argv: Sequence[str] | None = None) -> int:
               f"precision {crossed['deterministic_precision']:.4f} "
               f"{crossed['deterministic_precision_ci']} at "
               f"{crossed['abstention_rate']:.1%} abstention", flush=True)
-    best = max(WEIGHTS, key=lambda w: (rows[str(w)]["macro_f1"], w))
+    best = max(WEIGHTS, key=lambda w: (rows[str(w)]["macro_f1"], -w))
     result = {"records": len(real), "projects": len({project_of(r) for r in real}),
               "folds": args.folds, "epochs": config.epochs, "best_deep_weight": best,
               "shipped_deep_weight": TrainConfig().deep_weight, "rows": rows}

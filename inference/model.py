@@ -4,7 +4,7 @@ A log is read the way an engineer reads it: line by line. Each line the model re
 error block, then the tail: :mod:`.features`) becomes one vector, the mean embedding of its
 tokens plus the mean embedding of their hashed character 3-grams (so a word no vocabulary saw
 still means something), through a linear layer. A bidirectional GRU runs over those lines (at
-most 64 steps, not ~500 tokens: ten times faster than a token-level LSTM, as accurate), then
+most 64 steps, not ~500 tokens: about seven times faster than a token-level LSTM), then
 attention and max pooling feed two heads. The verdict head answers the scheduler's question;
 the category head names the cause and regularises the encoder. Attention over lines also says
 which lines drove the decision (the evidence shown to users).
@@ -108,7 +108,7 @@ class RecurrentClassifier(nn.Module):
         self.drop = nn.Dropout(config.dropout)
         self.verdict_head = nn.Linear(4 * dim, 2)
         self.category_head = nn.Linear(4 * dim, config.n_categories)
-        # The wide path: fitted by train.fit_wide, never by gradients.
+        # The wide path: fitted by wide.fit_wide (full-batch, apart), never by the loss below.
         self.wide = nn.EmbeddingBag(config.wide_buckets, config.n_categories, mode="sum")
         self.wide.weight.requires_grad_(False)
         nn.init.zeros_(self.wide.weight)
