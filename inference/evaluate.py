@@ -30,7 +30,7 @@ from .api import Classifier, LogWindow, Prediction
 from .baselines import CharTfidfLogReg, ConstantVerdict, RegexRules, TfidfLogReg
 from .corpus import Record, project_of
 from .engine import EVIDENCE_LINES, NO_LOG, ModelClassifier
-from .metrics import score, wilson_interval
+from .metrics import score, wilson_bounds, wilson_interval
 from .preprocess import redact, select_lines, window_from_text
 from .taxonomy import DETERMINISTIC, LABELS
 from .train import TrainConfig, default_training_records
@@ -106,14 +106,6 @@ def cost_curve(predictions: Sequence[Prediction], records: Sequence[Record],
     return out
 
 
-def _wilson_low(k: np.ndarray, n: np.ndarray, z: float = 1.96) -> np.ndarray:
-    n_safe = np.maximum(n, 1)
-    p = k / n_safe
-    centre = p + z * z / (2 * n_safe)
-    margin = z * np.sqrt(p * (1 - p) / n_safe + z * z / (4 * n_safe * n_safe))
-    return np.where(n > 0, (centre - margin) / (1 + z * z / n_safe), 0.0)
-
-
 class _Grid:
     """Per threshold of the grid and per record: decided, decided deterministic, and right."""
 
@@ -136,7 +128,7 @@ class _Grid:
         right = (self.det_right & rows).sum(1)
         allowed = 1 - decided / n <= max_abstention + 1e-9
         precision = np.where(det > 0, right / np.maximum(det, 1), 0.0)
-        for rule, ok in (("lower bound", _wilson_low(right, det) >= target),
+        for rule, ok in (("lower bound", wilson_bounds(right, det)[0] >= target),
                          ("point estimate", precision >= target)):
             hits = np.flatnonzero(ok & allowed & (det > 0))
             if len(hits):

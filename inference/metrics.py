@@ -7,33 +7,39 @@ for the verdicts it commits to; ``decided_accuracy`` is the accuracy on those al
 
 from __future__ import annotations
 
-import math
 from collections import Counter
 from collections.abc import Sequence
 from typing import Any
 
+import numpy as np
+
 from .taxonomy import LABELS
 
-__all__ = ["score", "wilson_interval"]
+__all__ = ["score", "wilson_bounds", "wilson_interval"]
 
 
 def _ratio(num: int, den: int) -> float:
     return round(num / den, 4) if den else 0.0
 
 
-def wilson_interval(successes: int, n: int, z: float = 1.96) -> tuple[float, float]:
-    """The Wilson score interval of a proportion (95 % by default); (0, 1) when ``n`` is 0.
+def wilson_bounds(successes: np.ndarray, n: np.ndarray, z: float = 1.96
+                  ) -> tuple[np.ndarray, np.ndarray]:
+    """Element-wise Wilson score interval of proportions (95 % by default); (0, 1) where ``n``
+    is 0. Unlike the normal approximation it stays inside [0, 1] and is honest at the
+    extremes: 46 right out of 46 gives a lower bound of 0.923, not 1."""
+    n_safe = np.maximum(n, 1)
+    p = successes / n_safe
+    centre = p + z * z / (2 * n_safe)
+    margin = z * np.sqrt(p * (1 - p) / n_safe + z * z / (4 * n_safe * n_safe))
+    den = 1 + z * z / n_safe
+    return (np.where(n > 0, np.maximum(0.0, (centre - margin) / den), 0.0),
+            np.where(n > 0, np.minimum(1.0, (centre + margin) / den), 1.0))
 
-    Unlike the normal approximation it stays inside [0, 1] and is honest at the extremes:
-    46 right out of 46 gives a lower bound of 0.923, not 1.
-    """
-    if n == 0:
-        return 0.0, 1.0
-    p = successes / n
-    centre = p + z * z / (2 * n)
-    margin = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n))
-    den = 1 + z * z / n
-    return round(max(0.0, (centre - margin) / den), 4), round(min(1.0, (centre + margin) / den), 4)
+
+def wilson_interval(successes: int, n: int, z: float = 1.96) -> tuple[float, float]:
+    """:func:`wilson_bounds` of one proportion, rounded to four places."""
+    lo, hi = wilson_bounds(np.array(successes), np.array(n), z)
+    return round(float(lo), 4), round(float(hi), 4)
 
 
 def score(labels: Sequence[str], verdicts: Sequence[str], categories: Sequence[str],
