@@ -10,6 +10,7 @@ a worker thread, never from the event loop.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import logging
 import math
 import re
@@ -30,6 +31,7 @@ __all__ = [
     "NO_LOG",
     "ModelClassifier",
     "VerdictScores",
+    "at_threshold",
     "load_classifier",
     "pick_device",
     "score_encoded",
@@ -134,6 +136,14 @@ def _evidence(enc: Encoded, attention: Sequence[float]) -> list[str]:
     return [enc.lines[i].shown for i in sorted(chosen)]
 
 
+def at_threshold(prediction: Prediction, threshold: float) -> Prediction:
+    """``prediction`` as decided at ``threshold``: ``unknown`` when its confidence is below
+    (category and evidence kept: they say what the model leaned to)."""
+    if prediction.verdict == "unknown" or prediction.confidence >= threshold:
+        return prediction
+    return dataclasses.replace(prediction, verdict="unknown")
+
+
 # Category indices of each verdict: a prediction's category agrees with its verdict.
 _DET_CATEGORIES = [i for i, c in enumerate(CATEGORIES) if c in DETERMINISTIC]
 _NONDET_CATEGORIES = [i for i, c in enumerate(CATEGORIES) if c not in DETERMINISTIC]
@@ -196,10 +206,9 @@ class ModelClassifier:
         is_det = label == LABELS[0]
         allowed = _DET_CATEGORIES if is_det else _NONDET_CATEGORIES
         category = CATEGORIES[max(allowed, key=lambda i: category_probs[i])]
-        verdict: VerdictLabel = "unknown"
-        if confidence >= self.threshold:
-            verdict = "deterministic" if is_det else "nondeterministic"
-        return Prediction(verdict, round(confidence, 4), category, _evidence(enc, attention))
+        verdict: VerdictLabel = "deterministic" if is_det else "nondeterministic"
+        return at_threshold(Prediction(verdict, round(confidence, 4), category,
+                                       _evidence(enc, attention)), self.threshold)
 
 
 def load_classifier(model_path: str | None = None, device: str = "auto",

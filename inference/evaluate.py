@@ -29,7 +29,7 @@ import numpy as np
 from .api import Classifier, LogWindow, Prediction
 from .baselines import CharTfidfLogReg, ConstantVerdict, RegexRules, TfidfLogReg
 from .corpus import Record, project_of
-from .engine import EVIDENCE_LINES, NO_LOG, ModelClassifier
+from .engine import EVIDENCE_LINES, NO_LOG, ModelClassifier, at_threshold
 from .metrics import score, wilson_bounds, wilson_interval
 from .preprocess import redact, select_lines, window_from_text
 from .taxonomy import DETERMINISTIC, LABELS
@@ -248,9 +248,7 @@ def evaluate_file(model: ModelClassifier, records: Sequence[Record],
     train_categories = [r.category for r in train_records]
     tfidf = TfidfLogReg().fit(train_windows, train_categories)
     char_tfidf = CharTfidfLogReg().fit(train_windows, train_categories)
-    classifiers: dict[str, Classifier] = {
-        "model": model,
-        "model, no abstention": model.with_threshold(0.0),
+    baselines: dict[str, Classifier] = {
         "regex rules": RegexRules(),
         "tf-idf + logistic regression": tfidf,
         "char tf-idf + logistic regression": char_tfidf,
@@ -258,7 +256,11 @@ def evaluate_file(model: ModelClassifier, records: Sequence[Record],
         "never retry": ConstantVerdict("deterministic"),
     }
     windows = [window_from_text(r.log, job_id=r.id) for r in records]
-    predictions = {name: _predict(c, windows) for name, c in classifiers.items()}
+    # The model runs once: at its threshold it decides as without one, abstaining below it.
+    unthresholded = _predict(model.with_threshold(0.0), windows)
+    predictions = {"model": [at_threshold(p, model.threshold) for p in unthresholded],
+                   "model, no abstention": unthresholded,
+                   **{name: _predict(c, windows) for name, c in baselines.items()}}
     rows = {name: _score(records, [p.verdict for p in preds], preds)
             for name, preds in predictions.items()}
     crossed = {}
