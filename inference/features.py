@@ -186,9 +186,10 @@ def line_tokens(window: LogWindow) -> list[str]:
     return [t for p in model_lines(*select_window(window)) for t in _features(p).tokens]
 
 
-def batch_input(encoded: Sequence[Encoded]) -> ModelInput:
+def batch_input(encoded: Sequence[Encoded], wide: bool = True) -> ModelInput:
     """The :class:`~.model.ModelInput` of windows (lines in a grid as wide as the most lines
-    of any of them)."""
+    of any of them); without the wide path's counts unless ``wide`` (training the recurrent
+    path does not read them; merging them is 6.5 of the 6.9 ms a batch of 64 takes to build)."""
     n_lines = [len(e.ids) for e in encoded]
     width = max(n_lines, default=1)
     slots = np.concatenate([np.arange(n) + b * width for b, n in enumerate(n_lines)]
@@ -196,4 +197,4 @@ def batch_input(encoded: Sequence[Encoded]) -> ModelInput:
     return ModelInput(torch.from_numpy(np.concatenate([e.ids for e in encoded])),
                       torch.from_numpy(np.concatenate([e.grams for e in encoded])),
                       torch.tensor(n_lines), torch.from_numpy(slots),
-                      *merge_grams([e.wide for e in encoded]))
+                      *merge_grams([e.wide for e in encoded] if wide else []))

@@ -146,20 +146,20 @@ class RecurrentClassifier(nn.Module):
 
     def forward(self, x: ModelInput, targets: tuple[torch.Tensor, torch.Tensor] | None = None
                 ) -> tuple[Logits, torch.Tensor | None]:
-        """(served log-probabilities, recurrent loss); ``targets`` = (verdict (B,),
-        category (B,)) class indices."""
+        """Without ``targets``: (served log-probabilities, None). With ``targets`` = (verdict
+        (B,), category (B,)) class indices: (the recurrent path's logits, its loss), what
+        training minimises; the wide path is not computed (``x`` may come without it, see
+        :func:`~.features.batch_input`)."""
         deep = self.deep(x)
+        if targets is not None:
+            verdict_target, category_target = targets
+            loss = F.cross_entropy(deep.verdict.float(), verdict_target)
+            return deep, loss + self.config.category_weight * F.cross_entropy(
+                deep.category.float(), category_target)
         wide = self.wide_probs(x)
         p_det = wide[:, self.deterministic].sum(1)
         w = self.config.deep_weight
         verdict = torch.log(w * torch.softmax(deep.verdict.float(), 1)
                             + (1 - w) * torch.stack([p_det, 1 - p_det], 1))
         category = torch.log(w * torch.softmax(deep.category.float(), 1) + (1 - w) * wide)
-        served = Logits(verdict, category, deep.attention)
-        if targets is None:
-            return served, None
-        verdict_target, category_target = targets
-        loss = F.cross_entropy(deep.verdict.float(), verdict_target)
-        loss = loss + self.config.category_weight * F.cross_entropy(deep.category.float(),
-                                                                    category_target)
-        return served, loss
+        return Logits(verdict, category, deep.attention), None

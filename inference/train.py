@@ -212,7 +212,7 @@ def train_model(examples: Sequence[Example | tuple[str, str, str]], config: Trai
         model.train()
         total = 0.0
         for idx in _batches([len(e.ids) for e in train_enc], config.batch_size, rng):
-            x = batch_input([train_enc[i] for i in idx])
+            x = batch_input([train_enc[i] for i in idx], wide=False)
             x = x._replace(tokens=_word_dropout(x.tokens, config.word_dropout))
             _, loss = model(x, (y_verdict[idx], y_category[idx]))
             assert loss is not None
