@@ -14,7 +14,7 @@ import itertools
 import zlib
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 import torch
@@ -160,21 +160,27 @@ def _ids(p: Prepared, features: _LineFeatures, vocab: Vocabulary) -> np.ndarray:
     return ids
 
 
-def model_lines(first: Sequence[Prepared], tail: Sequence[Prepared]) -> list[Prepared]:
-    """The lines the model reads of a selected window: see :data:`MAX_LINES`."""
-    head = list(first[:FIRST_LINES])
-    return [*head, _SEPARATOR, *tail[max(0, len(tail) - (MAX_LINES - 1 - len(head))):]]
+T = TypeVar("T")
+
+
+def model_lines(first: Sequence[T], tail: Sequence[T], separator: T) -> list[T]:
+    """Of a selected window's lines (or anything kept beside them), those the model reads:
+    see :data:`MAX_LINES`."""
+    head = first[:FIRST_LINES]
+    return [*head, separator, *tail[max(0, len(tail) - (MAX_LINES - 1 - len(head))):]]
 
 
 def encode_selected(first: Sequence[Prepared], tail: Sequence[Prepared], vocab: Vocabulary
                     ) -> Encoded:
     """:class:`Encoded` of lines chosen by :func:`~.preprocess.select_prepared`."""
-    read = model_lines(first, tail)
-    features = [_features(p) for p in read]
+    first_features = [_features(p) for p in first]  # once per line: a line of the general
+    tail_features = [_features(p) for p in tail]    # path has no template to keep them
+    read = model_lines(first, tail, _SEPARATOR)
+    features = model_lines(first_features, tail_features, _SEPARATOR_FEATURES)
     return Encoded([p.line for p in read],
                    np.stack([_ids(p, f, vocab) for p, f in zip(read, features, strict=True)]),
                    np.stack([f.grams for f in features]),
-                   [_features(p).wide for p in (*first, *tail)])
+                   [f.wide for f in (*first_features, *tail_features)])
 
 
 def encode_window(window: LogWindow, vocab: Vocabulary) -> Encoded:
@@ -183,7 +189,8 @@ def encode_window(window: LogWindow, vocab: Vocabulary) -> Encoded:
 
 def line_tokens(window: LogWindow) -> list[str]:
     """The tokens the model reads of ``window`` (what a vocabulary is built from)."""
-    return [t for p in model_lines(*select_window(window)) for t in _features(p).tokens]
+    return [t for p in model_lines(*select_window(window), _SEPARATOR)
+            for t in _features(p).tokens]
 
 
 def batch_input(encoded: Sequence[Encoded], wide: bool = True) -> ModelInput:
