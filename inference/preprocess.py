@@ -1,4 +1,5 @@
-"""Turn raw log lines into the token sequence a model reads; shared by training and serving.
+"""Turn raw log lines into the redacted, masked lines a model reads; shared by training and
+serving.
 
 Three steps, each a pure function so that the property tests can pin them down:
 
@@ -40,11 +41,9 @@ __all__ = [
     "select_prepared",
     "select_window",
     "budget_tokens",
-    "model_lines",
     "redact",
     "select_lines",
     "tokenize",
-    "tokens_of_lines",
     "window_from_text",
 ]
 
@@ -325,7 +324,7 @@ class Prepared:
         return self._line
 
     def tokens(self) -> list[str]:
-        """``tokenize(line.masked)`` plus ``<nl>``: what :func:`tokens_of_lines` gives it."""
+        """``tokenize(line.masked)`` plus ``<nl>`` (cached per template)."""
         tpl = self.template
         if tpl is None:
             return tokenize(self.line.masked) + [LINE_BREAK]
@@ -425,36 +424,15 @@ def tokenize(line: str, max_tokens: int = 64) -> list[str]:
     return out
 
 
-def model_lines(window: LogWindow, max_tail: int = 48) -> list[Line]:
-    """The lines the model reads, in order, with a separator between error block and tail."""
-    first, tail = select_lines(window, max_tail)
-    return [*first, SEPARATOR_LINE, *tail]
-
-
-def tokens_of_lines(lines: Sequence[Line], max_tokens: int, max_line_tokens: int = 64
-                    ) -> tuple[list[str], list[int]]:
-    """Tokens of ``lines`` (``<nl>`` after each) and, per token, the index of its line.
-
-    The first error block is kept from its start and the tail from its end: when the budget
-    of ``max_tokens`` runs out, the middle goes, because the root cause sits at the start of
-    the block and the death at the end of the tail.
-    """
-    per_line = [
-        ([SEPARATOR] if line is SEPARATOR_LINE
-         else tokenize(line.masked, max_line_tokens) + [LINE_BREAK])
-        for line in lines
-    ]
-    sep = next((i for i, line in enumerate(lines) if line is SEPARATOR_LINE), len(lines))
-    return budget_tokens(per_line, sep, max_tokens)
-
-
 T = TypeVar("T")
 
 
 def budget_tokens(per_line: Sequence[Sequence[T]], sep: int, max_tokens: int
                   ) -> tuple[list[T], list[int]]:
-    """The budget of :func:`tokens_of_lines` applied to per-line token (or id) lists, the
-    separator's at index ``sep``: (flat list, line index of each entry)."""
+    """Per-line token lists, the separator's at index ``sep``, cut to ``max_tokens``: (flat
+    list, line index of each entry). The first error block is kept from its start and the tail
+    from its end: when the budget runs out, the middle goes, because the root cause sits at
+    the start of the block and the death at the end of the tail."""
     total = sum(len(toks) for toks in per_line)
     keep: range | set[int] = range(len(per_line))
     if total > max_tokens:

@@ -17,7 +17,6 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sibylla.inference import preprocess
 from sibylla.inference.api import LogWindow
 from sibylla.inference.checkpoint import load_checkpoint
 from sibylla.inference.corpus import REAL_FILES, load_records, packaged_path
@@ -32,10 +31,10 @@ from sibylla.inference.features import (
 from sibylla.inference.preprocess import (
     SEPARATOR_LINE,
     Line,
+    budget_tokens,
     mask,
     redact,
     tokenize,
-    tokens_of_lines,
     window_from_text,
 )
 from sibylla.inference.synthetic import augment, generate
@@ -138,13 +137,9 @@ def _reference_tokenize(line: str, max_tokens: int = 64) -> list[str]:
 
 def _reference_tokens(window: LogWindow) -> tuple[list[str], list[int], list[Line]]:
     lines = _reference_model_lines(window)
-    # tokens_of_lines only calls tokenize: patch in the reference one for the reference run.
-    fast = preprocess.tokenize
-    preprocess.tokenize = _reference_tokenize
-    try:
-        tokens, owners = tokens_of_lines(lines, MAX_TOKENS)
-    finally:
-        preprocess.tokenize = fast
+    per_line = [["<sep>"] if line is SEPARATOR_LINE else _reference_tokenize(line.masked)
+                + ["<nl>"] for line in lines]
+    tokens, owners = budget_tokens(per_line, lines.index(SEPARATOR_LINE), MAX_TOKENS)
     return tokens, owners, lines
 
 

@@ -12,10 +12,8 @@ from sibylla.inference.features import window_tokens
 from sibylla.inference.preprocess import (
     SEPARATOR_LINE,
     mask,
-    model_lines,
     redact,
     tokenize,
-    tokens_of_lines,
     window_from_text,
 )
 from sibylla.streams.window import WindowLimits
@@ -80,7 +78,7 @@ def test_window_keeps_tail_and_the_first_error_block(lines: list[str]) -> None:
 def test_root_cause_is_kept_when_the_tail_is_teardown_noise() -> None:
     log = "\n".join(["step 1 loss 2.0"] * 3 + ["Traceback (most recent call last):",
                     "ValueError: bad"] + [f"rank {i} closing" for i in range(300)])
-    first, *_ = model_lines(window_from_text(log))
+    first, *_ = window_tokens(window_from_text(log))[2]
     assert "Traceback" in first.shown
     tokens, _, _ = window_tokens(window_from_text(log))
     assert "value" in tokens and "bad" in tokens
@@ -90,13 +88,13 @@ def test_root_cause_is_kept_when_the_tail_is_teardown_noise() -> None:
 @given(text_lines, st.integers(min_value=1, max_value=300))
 def test_token_budget_is_respected(lines: list[str], budget: int) -> None:
     window = LogWindow("j", 0, tail=lines, first_error=lines[:5])
-    tokens, owners = tokens_of_lines(model_lines(window), budget)
+    tokens, owners, _ = window_tokens(window, budget)
     assert len(tokens) == len(owners) <= budget
     assert owners == sorted(owners)
 
 
 def test_repeated_rank_lines_are_collapsed() -> None:
     window = LogWindow("j", 0, tail=["[E] Watchdog caught collective operation timeout"] * 50)
-    lines = model_lines(window)
+    lines = window_tokens(window)[2]
     assert [line for line in lines if line is not SEPARATOR_LINE] == lines[1:]
     assert len(lines) == 2
