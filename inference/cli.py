@@ -85,13 +85,14 @@ def _train(args: argparse.Namespace) -> int:
     # The operating point: chosen on real logs of projects never trained on, not on the
     # mostly generated validation split (``sibylla evaluate`` cross-fits it by project).
     files = _held_out_files(checkpoint.meta)
-    threshold, rule = operating_threshold(ModelClassifier(checkpoint, device="cpu"),
+    classifier = ModelClassifier(checkpoint, device="cpu")
+    threshold, rule = operating_threshold(classifier,
                                           [r for path in files for r in load_records(path)])
     checkpoint.meta.update(validation_threshold=checkpoint.meta["threshold"],
                            threshold=threshold, operating_point={
                                "files": [path.name for path in files], "rule": rule})
     held_out = load_records(packaged_path(HELD_OUT))
-    report = evaluate_file(ModelClassifier(checkpoint, device="cpu"), held_out, records)
+    report = evaluate_file(classifier.with_threshold(threshold), held_out, records)
     checkpoint.meta["metrics"] = {
         "held_out_file": HELD_OUT,
         **{name: {k: row[k] for k in ("accuracy", "macro_f1", "deterministic_precision",
