@@ -2,8 +2,8 @@
 
 Chosen on the training data only: the real training file's logs are split into folds by
 project; for each fold a model is trained (the shipped recipe) on the generated logs plus the
-other folds' real logs, and scores the fold's logs with each path apart. The held-out files that
-``sibylla evaluate`` reports on are never read. For each weight of the recurrent path it prints
+other folds' real logs, and decides the fold's logs at each weight of its recurrent path. The
+held-out files that ``sibylla evaluate`` reports on are never read. For each weight it prints
 macro-F1 without abstention and deterministic precision (95 % interval) and abstention at the
 threshold cross-fitted by project, and writes bench/results/deep-weight.json. The shipped
 weight is the one with the best macro-F1; ties go to the smaller weight, the convex wide path
@@ -22,21 +22,18 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-import torch
-
 from sibylla.inference.api import Prediction
 from sibylla.inference.corpus import Record, load_records, packaged_path, project_of
+from sibylla.inference.engine import ModelClassifier
 from sibylla.inference.evaluate import cross_fitted
-from sibylla.inference.features import batch_input, encode_window
+from sibylla.inference.features import encode_window
 from sibylla.inference.metrics import score
 from sibylla.inference.preprocess import window_from_text
 from sibylla.inference.synthetic import generate
-from sibylla.inference.taxonomy import CATEGORIES, DETERMINISTIC, LABELS
 from sibylla.inference.train import TrainConfig, examples_from_records, train_model
 
 RESULTS = Path(__file__).parent / "results"
 WEIGHTS = (0.0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.8, 1.0)
-_DET = torch.tensor([c in DETERMINISTIC for c in CATEGORIES])
 
 
 def _fold(record: Record, folds: int) -> int:
@@ -44,31 +41,18 @@ def _fold(record: Record, folds: int) -> int:
     return int.from_bytes(digest[:8], "big") % folds
 
 
-def _paths(config: TrainConfig, train: Sequence[Record], test: Sequence[Record]
-           ) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    """Per test log: (recurrent, wide) category probabilities of a model trained on ``train``."""
+def _fold_predictions(config: TrainConfig, train: Sequence[Record], test: Sequence[Record]
+                      ) -> dict[float, list[Prediction]]:
+    """Per recurrent weight, the test logs as decided (without abstention) by a model trained
+    on ``train``: the same trained paths, averaged at each weight by the model itself."""
     checkpoint = train_model(examples_from_records(train), config)
-    model = checkpoint.model.eval()
-    x = batch_input([encode_window(window_from_text(r.log), checkpoint.vocab) for r in test])
-    with torch.inference_mode():
-        deep = model.deep(x)
-        wide = model.wide_probs(x)
-    verdict = torch.softmax(deep.verdict, 1)
-    category = torch.softmax(deep.category, 1)
-    # the recurrent path's deterministic share comes from its verdict head, as when served
-    return [(torch.cat([verdict[i], category[i]]), wide[i]) for i in range(len(test))]
-
-
-def _predictions(paths: Sequence[tuple[torch.Tensor, torch.Tensor]], w: float
-                 ) -> list[Prediction]:
-    out = []
-    for deep, wide in paths:
-        p_det = w * float(deep[0]) + (1 - w) * float(wide[_DET].sum())
-        category = w * deep[2:] + (1 - w) * wide
-        is_det = p_det >= 0.5
-        allowed = category.masked_fill(_DET != is_det, -1.0)
-        out.append(Prediction(LABELS[0] if is_det else LABELS[1],  # type: ignore[arg-type]
-                              max(p_det, 1 - p_det), CATEGORIES[int(allowed.argmax())], []))
+    classifier = ModelClassifier(checkpoint, device="cpu").with_threshold(0.0)
+    encoded = [encode_window(window_from_text(r.log), checkpoint.vocab) for r in test]
+    out = {}
+    for w in WEIGHTS:
+        # the bench's own model: only the share of its recurrent path changes
+        checkpoint.model.config = replace(checkpoint.model.config, deep_weight=w)
+        out[w] = classifier.predict_encoded(encoded)
     return out
 
 
@@ -81,17 +65,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     config = replace(config, real_files=(), epochs=args.epochs or config.epochs)
     synthetic = generate(config.synthetic, seed=config.seed)
     real = [r for name in TrainConfig().real_files for r in load_records(packaged_path(name))]
-    paths: list[Any] = [None] * len(real)
+    by_weight: dict[float, list[Any]] = {w: [None] * len(real) for w in WEIGHTS}
     for k in range(args.folds):
         test_idx = [i for i, r in enumerate(real) if _fold(r, args.folds) == k]
         train = synthetic + [r for r in real if _fold(r, args.folds) != k]
         print(f"fold {k + 1}/{args.folds}: {len(test_idx)} held out", flush=True)
-        for i, p in zip(test_idx, _paths(config, train, [real[i] for i in test_idx]),
-                        strict=True):
-            paths[i] = p
+        for w, fold in _fold_predictions(config, train, [real[i] for i in test_idx]).items():
+            for i, p in zip(test_idx, fold, strict=True):
+                by_weight[w][i] = p
     rows = {}
-    for w in WEIGHTS:
-        predictions = _predictions(paths, w)
+    for w, predictions in by_weight.items():
         m = score([r.label for r in real], [p.verdict for p in predictions],
                   [r.category for r in real], [p.category for p in predictions])
         crossed = cross_fitted(predictions, real)
