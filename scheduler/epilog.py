@@ -215,8 +215,10 @@ def attempt_from_env(env: Mapping[str, str], scontrol: Scontrol) -> Attempt:
 
 async def publish_attempt(settings: Settings, attempt: Attempt) -> int:
     """Ship a failed attempt's output (LogBatch records, the last ``eos``), then its JobEvent.
-    Returns the lines shipped. A completed attempt ships no lines, only its event. The cursors
-    move only once the broker has acknowledged everything."""
+    Returns the lines shipped. A completed attempt ships no lines, only its event. The event
+    goes out only once the broker holds the lines, and the cursors move only once it holds
+    everything (:class:`~sibylla.streams.ship.DeliveryError` otherwise: nothing is reported
+    shipped that was not)."""
     event = attempt.event
     parts: list[tuple[str, list[str]]] = []
     shipped: list[tuple[OutputCursor, Path, int]] = []
@@ -237,6 +239,9 @@ async def publish_attempt(settings: Settings, attempt: Attempt) -> int:
         for i, (stream, lines) in enumerate(parts):
             await shipper.send_lines(event.job_id, lines, event.attempt,
                                      eos=i == len(parts) - 1, stream=stream, host=host)
+        # The termination only once the broker holds the lines: the worker decides when it
+        # sees it, and must never decide on a log still in flight or refused.
+        await shipper.flush()
         await shipper.send_event(event)
         await shipper.flush()
     for cursor, output, end in shipped:

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import orjson
+from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
 from sibylla.brokers.process import free_port
 from sibylla.schemas.records import Decision, JobEvent
@@ -45,6 +46,20 @@ def only_brokers(*names: str) -> Callable[[Callable[..., None]], Callable[..., N
         fn.only_brokers = names  # type: ignore[attr-defined]
         return fn
     return mark
+
+
+async def create_topic_taking_at_most(settings: Settings, name: str, max_bytes: int,
+                                      partitions: int = 1) -> None:
+    """A topic whose broker refuses record batches over ``max_bytes`` (Apache Kafka enforces
+    ``max.message.bytes``; Tansu ignores it)."""
+    admin = AIOKafkaAdminClient(bootstrap_servers=settings.bootstrap_servers,
+                                **settings.kafka_client_options())
+    await admin.start()
+    try:
+        await admin.create_topics([NewTopic(name, partitions, settings.replication_factor,
+                                            topic_configs={"max.message.bytes": str(max_bytes)})])
+    finally:
+        await admin.close()
 
 
 def make_settings(bootstrap: str, prefix: str, workdir: Path, **overrides: Any) -> Settings:

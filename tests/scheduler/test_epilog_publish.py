@@ -16,7 +16,12 @@ import pytest
 from sibylla.schemas.records import parse_log_record
 from sibylla.settings import Settings
 from sibylla.streams.topics import ensure_topics
-from tests.integration.fixtures import make_settings, read_all
+from tests.integration.fixtures import (
+    create_topic_taking_at_most,
+    make_settings,
+    only_brokers,
+    read_all,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -67,3 +72,23 @@ def test_without_a_broker_the_epilog_gives_up_within_its_bound(tmp_path: Path) -
     done = _epilog(settings, tmp_path, 0, "1:0")
     assert done.returncode == 1
     assert "sibylla epilog: job 9001: not published" in done.stderr
+
+
+@only_brokers("kafka")  # Tansu takes records over a topic's max.message.bytes
+def test_a_log_the_broker_refuses_is_not_reported_shipped_nor_its_attempt_published(
+        broker: object, unique_prefix: str, tmp_path: Path) -> None:
+    settings = make_settings(broker.bootstrap_servers,  # type: ignore[attr-defined]
+                             unique_prefix, tmp_path)
+    asyncio.run(create_topic_taking_at_most(settings, settings.topic("logs"), 2048,
+                                            settings.partitions))
+    asyncio.run(ensure_topics(settings))
+    output = tmp_path / "out" / "train-9001.out"
+    output.parent.mkdir()
+    output.write_text("epoch 1\n" + "x" * 4000 + "\nRuntimeError: CUDA error: an illegal "
+                      "memory access was encountered\n")
+    done = _epilog(settings, tmp_path, 0, "1:0")
+    assert done.returncode == 1
+    assert "job 9001: not published: DeliveryError" in done.stderr
+    # No termination without its log: a worker would have decided on lines it never got.
+    assert asyncio.run(read_all(settings, "job-events", idle_s=2.0)) == []
+    assert not (tmp_path / "state").exists() or not any((tmp_path / "state").iterdir())

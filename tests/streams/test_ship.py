@@ -1,0 +1,63 @@
+"""The shipper against a real broker: what it reports shipped is on the topic, in records the
+broker takes, and what the broker refused is reported, not lost in silence."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import orjson
+import pytest
+
+from sibylla.schemas.records import parse_log_record
+from sibylla.streams.ship import RECORD_MAX_BYTES, DeliveryError, Shipper
+from sibylla.streams.topics import ensure_topics
+from tests.integration.fixtures import (
+    create_topic_taking_at_most,
+    make_settings,
+    only_brokers,
+    read_all,
+)
+
+pytestmark = pytest.mark.integration
+
+
+def test_long_lines_ship_in_records_the_broker_takes(
+        broker: object, unique_prefix: str, tmp_path: Path) -> None:
+    # 200 lines at the contract's 16 KiB limit: 3.2 MB, three times what Kafka takes in one
+    # record batch by default (message.max.bytes, 1 MiB). Cut by line count alone, the record
+    # was refused and the lines were gone while the shipper reported them shipped.
+    settings = make_settings(broker.bootstrap_servers,  # type: ignore[attr-defined]
+                             unique_prefix, tmp_path)
+    asyncio.run(ensure_topics(settings))
+    lines = [f"{i:04d} " + "x" * 16_000 for i in range(200)]
+
+    async def ship() -> None:
+        async with Shipper(settings) as shipper:
+            await shipper.send_lines("job-long", lines, attempt=3, eos=True)
+    asyncio.run(ship())
+
+    records = asyncio.run(read_all(settings, "logs", idle_s=2.0))
+    chunks = [parse_log_record(orjson.dumps(r), settings.max_line_bytes) for r in records]
+    assert [ln for c in chunks for ln in c.lines] == lines
+    assert {(c.job_id, c.attempt) for c in chunks} == {("job-long", 3)}
+    assert [c.eos for c in chunks] == [False] * (len(chunks) - 1) + [True]
+    assert all(len(orjson.dumps(r)) <= RECORD_MAX_BYTES for r in records)
+
+
+@only_brokers("kafka")  # Tansu takes records over a topic's max.message.bytes
+def test_a_record_the_broker_refuses_is_reported_at_flush(
+        broker: object, unique_prefix: str, tmp_path: Path) -> None:
+    settings = make_settings(broker.bootstrap_servers,  # type: ignore[attr-defined]
+                             unique_prefix, tmp_path)
+    topic = settings.topic("small")
+    asyncio.run(create_topic_taking_at_most(settings, topic, 1024))
+
+    async def ship() -> None:
+        async with Shipper(settings) as shipper:
+            await shipper.send_raw(topic, b"job-a", b"a small record")
+            await shipper.flush()  # taken: no error
+            await shipper.send_raw(topic, b"job-a", b"y" * 4096)  # over the topic's limit
+            await shipper.flush()
+    with pytest.raises(DeliveryError, match="1 record"):
+        asyncio.run(ship())
