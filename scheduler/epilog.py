@@ -120,21 +120,30 @@ class OutputCursor:
 
     def start(self, output: Path) -> int:
         """Where this attempt's part of ``output`` begins: after what was shipped, if the bytes
-        before that point are unchanged; else 0 (the file was truncated and rewritten)."""
+        before that point are unchanged; else 0 (the file was truncated and rewritten). A file
+        written since yet no longer was rewritten with the same bytes: without
+        ``--open-mode=append``, a failure that prints the same log every time (most
+        deterministic ones do) looks unchanged but for its modification time."""
         try:
             saved = orjson.loads(self.path.read_bytes())
         except (OSError, orjson.JSONDecodeError):
             return 0
         offset = int(saved.get("offset", 0))
-        if saved.get("file") != str(output) or output.stat().st_size < offset:
+        stat = output.stat()
+        if saved.get("file") != str(output) or stat.st_size < offset:
             return 0
-        return offset if _signature(output, offset) == saved.get("signature") else 0
+        if _signature(output, offset) != saved.get("signature"):
+            return 0
+        if stat.st_size == offset and stat.st_mtime_ns != saved.get("mtime_ns"):
+            return 0
+        return offset
 
     def save(self, output: Path, offset: int) -> None:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         tmp = self.path.with_suffix(".tmp")
         tmp.write_bytes(orjson.dumps({"file": str(output), "offset": offset,
-                                      "signature": _signature(output, offset)}))
+                                      "signature": _signature(output, offset),
+                                      "mtime_ns": output.stat().st_mtime_ns}))
         tmp.replace(self.path)
 
     def forget(self) -> None:

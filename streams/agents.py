@@ -587,6 +587,9 @@ class Pipeline:
             self.in_event(event)  # the memory's table write goes to the job's partition
             decision = self.memory.decide(job, window, prediction, version, time.time(),
                                           event_time)
+            if window.empty:  # the site's default policy then: worth an operator's look
+                log.warning("%s: decided with no log line (none arrived within the grace "
+                            "period and the wait for ingest): %s", key, decision.action)
             value = decision.to_json()
             delivered = await self.t.decisions.send(key=job.job_id.encode(), value=value,
                                                     force=True)

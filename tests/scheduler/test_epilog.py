@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -75,6 +76,25 @@ def test_an_appended_output_ships_only_the_new_attempt(tmp_path: Path) -> None:
                    "KeyError: 'lr'\n")
     lines, _ = read_part(out, cursor.start(out), 1 << 20, 1000)
     assert lines[-1] == "KeyError: 'lr'" and lines[0].startswith("attempt 2")
+
+
+def test_an_output_rewritten_with_the_same_bytes_ships_again(tmp_path: Path) -> None:
+    # Without --open-mode=append each attempt truncates the file, and a deterministic failure
+    # prints the same log every time: same size, same bytes. Shipped as "nothing new", the
+    # attempt was decided on an empty window (the site's default, not the model's verdict).
+    out = tmp_path / "train-8.out"
+    cursor = OutputCursor(tmp_path / "state", "8", "stdout")
+    log = "Traceback (most recent call last):\nModuleNotFoundError: No module named 'apex'\n"
+    out.write_text(log)
+    lines, end = read_part(out, cursor.start(out), 1 << 20, 1000)
+    cursor.save(out, end)
+    written = out.stat().st_mtime_ns
+    out.write_text(log)  # the requeued attempt, truncating and printing the same
+    os.utime(out, ns=(written + 10**9, written + 10**9))  # whatever the clock's resolution
+    assert read_part(out, cursor.start(out), 1 << 20, 1000)[0] == lines
+    cursor.save(out, end)
+    # With --open-mode=append, an attempt that printed nothing leaves the file as it was.
+    assert read_part(out, cursor.start(out), 1 << 20, 1000)[0] == []
 
 
 def test_a_huge_output_ships_its_head_and_tail_and_long_lines_are_cut(tmp_path: Path) -> None:

@@ -108,6 +108,16 @@ def _decisions(settings: Settings) -> dict[tuple[str, int], Decision]:
     return {(r["job_id"], r["attempt"]): Decision.from_json(orjson.dumps(r)) for r in records}
 
 
+def _diagnosis(decided: dict[tuple[str, int], Decision], cluster: SlurmCluster,
+               worker_log: Path) -> str:
+    rows = [f"{job} #{attempt}: {d.action} {d.rule} {d.category} lines={d.line_count} "
+            f"recurrence={d.recurrence} latency={d.latency_ms:.0f} ms"
+            for (job, attempt), d in sorted(decided.items())]
+    warnings = [line for line in worker_log.read_text(errors="replace").splitlines()
+                if " WARNING " in line or " ERROR " in line]
+    return "\n".join(["decisions:", *rows, "worker warnings:", *warnings[-40:], cluster.logs()])
+
+
 def test_slurm_jobs_are_stopped_requeued_or_sent_elsewhere_by_their_decisions(
         broker: object, cluster: SlurmCluster, unique_prefix: str, workdir: Path) -> None:
     # The production grace period, not the tests' 0.5 s: a job requeued at once can end again
@@ -158,15 +168,18 @@ def test_slurm_jobs_are_stopped_requeued_or_sent_elsewhere_by_their_decisions(
         assert job["NodeList"] != failed_node
 
         decided = _decisions(settings)
-        assert decided[(imp, 0)].action == "do_not_retry"
-        assert decided[(imp, 0)].category == "import_error"
-        assert decided[(nccl, 0)].action in ("retry", "retry_elsewhere")
-        assert decided[(same, 0)].action in ("retry", "retry_elsewhere")
-        assert decided[(same, 1)].action in ("retry", "retry_elsewhere")
+        # On a failure: every decision, what the epilog shipped per attempt, the worker's
+        # warnings (a decision on lines it never got shows there or in the epilog's counts).
+        why = _diagnosis(decided, cluster, workdir / "worker.log")
+        assert decided[(imp, 0)].action == "do_not_retry", why
+        assert decided[(imp, 0)].category == "import_error", why
+        assert decided[(nccl, 0)].action in ("retry", "retry_elsewhere"), why
+        assert decided[(same, 0)].action in ("retry", "retry_elsewhere"), why
+        assert decided[(same, 1)].action in ("retry", "retry_elsewhere"), why
         last = decided[(same, 2)]
         assert (last.action, last.rule, last.recurrence, last.progressed) == (
-            "do_not_retry", "same_root_recurred", 3, False)
-        assert last.fingerprint == decided[(same, 0)].fingerprint
+            "do_not_retry", "same_root_recurred", 3, False), why
+        assert last.fingerprint == decided[(same, 0)].fingerprint, why
         node_decision = decided[(node, 0)]
         assert (node_decision.state, node_decision.action, node_decision.rule) == (
             "NODE_FAIL", "retry_elsewhere", "not_job_fault")
