@@ -18,11 +18,13 @@ import threading
 from collections.abc import Sequence
 from typing import Any
 
+import numpy as np
 import torch
 
 from .api import LogWindow, Prediction, VerdictLabel, is_error_start
 from .checkpoint import Checkpoint, load_checkpoint
 from .features import Encoded, batch_input, encode_window
+from .line_vectors import LineVectors
 from .model import RecurrentClassifier
 from .preprocess import Line
 from .taxonomy import CATEGORIES, DETERMINISTIC, LABELS
@@ -66,15 +68,19 @@ class VerdictScores:
 
 @torch.inference_mode()
 def score_encoded(model: RecurrentClassifier, encoded: Sequence[Encoded], batch_size: int = 64,
-                  device: torch.device | None = None) -> VerdictScores:
+                  device: torch.device | None = None, lines: LineVectors | None = None
+                  ) -> VerdictScores:
     """Run ``model`` over encoded windows in batches of at most ``batch_size`` windows of
-    similar line counts."""
+    similar line counts; ``lines``: the model's cache of line vectors, if it keeps one."""
     device = device or next(model.parameters()).device
     out = VerdictScores(len(encoded))
     order = sorted(range(len(encoded)), key=lambda i: len(encoded[i].ids))
     for start in range(0, len(order), batch_size):
         idx = order[start : start + batch_size]
-        logits, _ = model(batch_input([encoded[i] for i in idx]).to(device))
+        x = batch_input([encoded[i] for i in idx]).to(device)
+        read = None if lines is None else lines(x, np.concatenate([encoded[i].keys
+                                                                  for i in idx]))
+        logits, _ = model(x, read=read)
         verdict = logits.verdict.float().cpu().tolist()
         category = logits.category.float().exp().cpu().tolist()
         attention = logits.attention.float().cpu().tolist()
@@ -167,6 +173,7 @@ class ModelClassifier:
         self.threshold = min_confidence or float(self.meta.get("threshold", 0.5))
         self.batch_size = batch_size
         self._lock = threading.Lock()  # one forward pass at a time per model
+        self._lines = LineVectors(self.model)  # each template's line vector, once
 
     @property
     def version(self) -> str:
@@ -188,7 +195,7 @@ class ModelClassifier:
         live = [i for i, enc in enumerate(encoded) if enc is not None]
         with self._lock:
             scores = score_encoded(self.model, [encoded[i] for i in live],  # type: ignore[misc]
-                                   self.batch_size, self.device)
+                                   self.batch_size, self.device, self._lines)
         out = [Prediction("unknown", 0.0, NO_LOG, []) for _ in encoded]
         for row, i in enumerate(live):
             enc = encoded[i]

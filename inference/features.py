@@ -78,12 +78,16 @@ class Encoded:
     """One window as the model reads it: per line read, token ids (n, ``MAX_LINE_TOKENS``)
     and hashed 3-gram ids (n, ``MAX_LINE_GRAMS``), 0-padded; the wide n-gram counts of every
     selected line; the lines themselves (evidence maps attention to them). Only ``ids``
-    depends on a vocabulary. Equal when every field is."""
+    depends on a vocabulary. ``keys`` (n,): per line read, what its features are shared by
+    (its template's serial; 0 the separator; -1 a line of its own), for the per-model cache of
+    line vectors (:mod:`.line_vectors`). Equal when every field but ``keys`` (an identity
+    within one process, not content) is."""
 
     lines: list[Line]
     ids: np.ndarray
     grams: np.ndarray
     wide: list[GramCounts]  # per selected line, summed when batched
+    keys: np.ndarray
 
     def __eq__(self, other: object) -> bool:
         return (isinstance(other, Encoded) and self.lines == other.lines
@@ -170,6 +174,13 @@ def model_lines(first: Sequence[T], tail: Sequence[T], separator: T) -> list[T]:
     return [*head, separator, *tail[max(0, len(tail) - (MAX_LINES - 1 - len(head))):]]
 
 
+def _key(p: Prepared) -> int:
+    """What a line read shares its features with (see :attr:`Encoded.keys`)."""
+    if p is _SEPARATOR:
+        return 0
+    return -1 if p.template is None else p.template.serial
+
+
 def encode_selected(first: Sequence[Prepared], tail: Sequence[Prepared], vocab: Vocabulary
                     ) -> Encoded:
     """:class:`Encoded` of lines chosen by :func:`~.preprocess.select_prepared`."""
@@ -180,7 +191,8 @@ def encode_selected(first: Sequence[Prepared], tail: Sequence[Prepared], vocab: 
     return Encoded([p.line for p in read],
                    np.stack([_ids(p, f, vocab) for p, f in zip(read, features, strict=True)]),
                    np.stack([f.grams for f in features]),
-                   [f.wide for f in (*first_features, *tail_features)])
+                   [f.wide for f in (*first_features, *tail_features)],
+                   np.fromiter((_key(p) for p in read), np.int64, len(read)))
 
 
 def encode_window(window: LogWindow, vocab: Vocabulary) -> Encoded:

@@ -117,11 +117,17 @@ class RecurrentClassifier(nn.Module):
         self.register_buffer("deterministic", torch.tensor(
             [c in DETERMINISTIC for c in CATEGORIES[: config.n_categories]]), persistent=False)
 
-    def deep(self, x: ModelInput) -> Logits:
-        """The recurrent path's raw logits (what training minimises)."""
+    def read_lines(self, tokens: torch.Tensor, grams: torch.Tensor) -> torch.Tensor:
+        """(N, dim) vectors of N lines from their token and 3-gram ids (see ModelInput)."""
+        return torch.tanh(self.line(torch.cat([self.tokens(tokens), self.grams(grams)], 1)))
+
+    def deep(self, x: ModelInput, read: torch.Tensor | None = None) -> Logits:
+        """The recurrent path's raw logits (what training minimises). ``read``: the lines'
+        vectors when known already (:meth:`read_lines` of ``x``'s lines, e.g. cached)."""
         batch = x.n_lines.shape[0]
         width = max(1, int(x.n_lines.max())) if batch else 1
-        read = torch.tanh(self.line(torch.cat([self.tokens(x.tokens), self.grams(x.grams)], 1)))
+        if read is None:
+            read = self.read_lines(x.tokens, x.grams)
         lines = read.new_zeros(batch * width, read.shape[1]).index_copy(0, x.slots, read)
         lines = self.drop(lines.view(batch, width, -1))
         packed = nn.utils.rnn.pack_padded_sequence(lines, x.n_lines.clamp_min(1),
@@ -144,13 +150,13 @@ class RecurrentClassifier(nn.Module):
                            per_sample_weights=weights.to(self.wide.weight.dtype))
         return torch.softmax((logits + self.wide_bias).float(), 1)
 
-    def forward(self, x: ModelInput, targets: tuple[torch.Tensor, torch.Tensor] | None = None
-                ) -> tuple[Logits, torch.Tensor | None]:
+    def forward(self, x: ModelInput, targets: tuple[torch.Tensor, torch.Tensor] | None = None,
+                read: torch.Tensor | None = None) -> tuple[Logits, torch.Tensor | None]:
         """Without ``targets``: (served log-probabilities, None). With ``targets`` = (verdict
         (B,), category (B,)) class indices: (the recurrent path's logits, its loss), what
         training minimises; the wide path is not computed (``x`` may come without it, see
-        :func:`~.features.batch_input`)."""
-        deep = self.deep(x)
+        :func:`~.features.batch_input`). ``read``: see :meth:`deep`."""
+        deep = self.deep(x, read)
         if targets is not None:
             verdict_target, category_target = targets
             loss = F.cross_entropy(deep.verdict.float(), verdict_target)

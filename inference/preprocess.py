@@ -21,6 +21,7 @@ on exactly what it sees in production.
 from __future__ import annotations
 
 import functools
+import itertools
 import operator
 import re
 from collections.abc import Callable, Iterable, Sequence
@@ -216,16 +217,22 @@ def _line_template(line: str, raw: bytes) -> bytes:
     return bytes(chars)
 
 
+_TEMPLATE_SERIALS = itertools.count(1)  # 0 stands for the separator line (features.py)
+
+
 class _Template:
     """A plain ASCII, secret-free line's masking, shared by every line of the same digit shape.
 
     ``masked``: the masked template; ``key``: it stripped (empty: a blank line); ``src``/``dst``:
     per surviving digit, its index in the raw line and in ``masked``; ``tokens``: filled on
     first use (only kept lines are tokenized); ``ids``: per vocabulary, the tokens' ids;
-    ``features``: what the model reads of the line, whatever the vocabulary.
+    ``features``: what the model reads of the line, whatever the vocabulary; ``serial``: this
+    template object's number, never reused in the process (a loaded model keys its per-line
+    vectors by it: :mod:`.line_vectors`).
     """
 
-    __slots__ = ("general", "masked", "key", "src", "dst", "pick", "tokens", "ids", "features")
+    __slots__ = ("general", "masked", "key", "src", "dst", "pick", "tokens", "ids", "features",
+                 "serial")
 
     def __init__(self, raw_template: bytes) -> None:
         template = raw_template.decode("ascii")
@@ -246,6 +253,7 @@ class _Template:
         self.tokens: list[str] | None = None
         self.ids: dict[int, Any] = {}  # the model's padded id row per vocabulary (features.py)
         self.features: object | None = None  # the model's per-line features (features.py)
+        self.serial = next(_TEMPLATE_SERIALS)
 
 
 def _mask_tracked(line: str) -> tuple[str, list[int]]:

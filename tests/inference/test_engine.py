@@ -107,6 +107,34 @@ def test_evidence_leaves_out_traceback_headers_frames_and_imports() -> None:
              "from detectron2.config import get_cfg", "ValueError: bad shape", "step 9")
     lines = [Line(t, t) for t in texts]
     attention = [0.4, 0.3, 0.2, 0.05, 0.05]  # attention on the noise, as it happens
-    evidence = _evidence(Encoded(lines, np.full((5, 24), 5), np.zeros((5, 96), int), []),
-                         attention)
+    evidence = _evidence(Encoded(lines, np.full((5, 24), 5), np.zeros((5, 96), int), [],
+                                 np.full(5, -1)), attention)
     assert evidence == ["ValueError: bad shape", "step 9"]
+
+
+def test_cached_line_vectors_change_no_score(tiny: Checkpoint) -> None:
+    # A served classifier computes each line template's vector once and reuses it; its scores
+    # are those of the plain forward pass (to float rounding: a vector computed in another
+    # batch may round differently), for lines with a template, lines of their own (non-ASCII,
+    # a secret), the separator, and when the cache fills and starts over.
+    from sibylla.inference.engine import score_encoded
+    from sibylla.inference.features import encode_window
+    from sibylla.inference.line_vectors import LineVectors
+
+    logs = [OOM_LOG, NCCL_LOG, "Schritt 3 – Verlust 0.5\nRuntimeError: Größe passt nicht",
+            "api_key=sk-abcdefghijklmnop1234\nKeyError: 'lr'", "step 7 loss 0.1\n" * 30 + OOM_LOG]
+    encoded = [encode_window(window_from_text(log, job_id=str(i)), tiny.vocab)
+               for i, log in enumerate(logs * 3)]
+    model = tiny.model.eval()
+    plain = score_encoded(model, encoded, batch_size=4)
+    for cache in (LineVectors(model), LineVectors(model, capacity=40),
+                  LineVectors(model, capacity=8)):  # fewer than a batch's lines
+        for _ in range(2):  # cold, then warm
+            cached = score_encoded(model, encoded, batch_size=4, lines=cache)
+            for got, want in ((cached.verdict_logits, plain.verdict_logits),
+                              (cached.category_probs, plain.category_probs),
+                              (cached.attention, plain.attention)):
+                assert len(got) == len(want)
+                for row, expected in zip(got, want, strict=True):
+                    assert row == pytest.approx(expected, abs=1e-5)
+        assert len(cache.slots) <= cache.capacity
