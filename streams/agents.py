@@ -65,6 +65,7 @@ from sibylla.streams.ledger import DecisionLedger
 from sibylla.streams.memory import AttemptMemory
 from sibylla.streams.metrics import WorkerMetrics
 from sibylla.streams.policy import CLASSIFIER_ERROR_CATEGORY
+from sibylla.streams.reread import PartitionReader
 from sibylla.streams.state import WindowCache, live_get, live_items, live_items_of
 from sibylla.streams.window import WindowLimits
 from sibylla.streams.window_store import WindowStore
@@ -143,12 +144,14 @@ class Pipeline:
         # partition -> an event of it, whose context the timer borrows to free those windows
         self._context_event: dict[int, Any] = {}
         self._decisions_swept: dict[int, float] = {}
-        self.gaps = GapFiller(s, topology.offsets)
+        # Records read again out of band: skipped ranges, decisions already on the topic.
+        self.reader = PartitionReader(s)
+        self.gaps = GapFiller(self.reader, topology.offsets)
         self._assigned_at: dict[int, float] = {}  # partition -> when this worker got it
         # (topic, partition) -> deliveries of the running batch's dead letters and re-keyed
         # records, awaited before the batch is marked finished (_finished)
         self._sent: dict[tuple[str, int], list[Awaitable[Any]]] = defaultdict(list)
-        self.ledger = DecisionLedger(s, topology.decisions.get_topic_name())
+        self.ledger = DecisionLedger(self.reader, topology.decisions.get_topic_name())
         # Offsets asked of the broker out of band (bounded waits), and the lag gauge's source.
         self.offsets = LagProbe(s, [s.topic("logs"), s.topic("job-events"),
                                     s.topic("decide-requests")])
@@ -165,6 +168,7 @@ class Pipeline:
         app.timer(STALL_CHECK_EVERY_S, name="catch_up_stalled")(self._catch_up_stalled)
         app.on_partitions_revoked.connect(self._on_revoked)
         app.on_partitions_assigned.connect(self._on_assigned)
+        app.on_before_shutdown.connect(self._close_clients)
 
     def swap_classifier(self, classifier: Classifier,
                         scores: Mapping[str, Any] | None = None) -> None:
@@ -190,6 +194,11 @@ class Pipeline:
             for key in [k for k in self._requested
                         if partition_of(split_key(k)[0], partitions) == tp.partition]:
                 del self._requested[key]
+
+    async def _close_clients(self, app: Any, **_: Any) -> None:
+        """Stop the consumers kept outside faust's (offsets asked, records read again)."""
+        await self.offsets.close()
+        await self.reader.close()
 
     async def _warm_up(self) -> None:
         """One prediction on a made-up failure while the worker joins its group, so that the

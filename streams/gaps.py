@@ -27,8 +27,7 @@ from collections.abc import Awaitable, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from sibylla.settings import Settings
-from sibylla.streams.reread import read_range
+from sibylla.streams.reread import PartitionReader
 from sibylla.streams.state import live_get
 
 __all__ = ["GapFiller", "ends_on_cancel", "finish"]
@@ -64,8 +63,8 @@ class GapFiller:
     the event context of that partition so they live (and move) with it.
     """
 
-    def __init__(self, settings: Settings, table: Any) -> None:
-        self.settings = settings
+    def __init__(self, reader: PartitionReader, table: Any) -> None:
+        self.reader = reader
         self.table = table
         # (topic, partition) -> (last finished offset, since when) for stalled()
         self._progress: dict[tuple[str, int], tuple[int, float]] = {}
@@ -134,7 +133,7 @@ class GapFiller:
 
     async def _fetch(self, topic: str, partition: int, start: int, end: int) -> list[_Event]:
         """Records ``start`` (inclusive) to ``end`` (exclusive) of a partition, as events."""
-        records = await read_range(self.settings, topic, partition, start, end)
+        records = await self.reader.read_range(topic, partition, start, end)
         return [_Event(_Message(topic, partition, r.offset, r.key, r.value, r.timestamp))
                 for r in records]
 

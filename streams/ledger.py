@@ -21,9 +21,8 @@ from collections.abc import Mapping
 
 import orjson
 
-from sibylla.settings import Settings
 from sibylla.streams.keys import attempt_key
-from sibylla.streams.reread import read_since
+from sibylla.streams.reread import PartitionReader
 
 __all__ = ["DecisionLedger"]
 
@@ -38,8 +37,8 @@ ASK_TIMEOUT_S = 5.0
 class DecisionLedger:
     """Which attempts of a partition already have a decision on the decisions topic."""
 
-    def __init__(self, settings: Settings, topic: str) -> None:
-        self.settings = settings
+    def __init__(self, reader: PartitionReader, topic: str) -> None:
+        self.reader = reader
         self.topic = topic
 
     async def decided(self, partition: int,
@@ -51,8 +50,8 @@ class DecisionLedger:
             return {}
         since = min(terminated_at.values()) - CLOCK_SKEW_S
         try:
-            records = await read_since(self.settings, self.topic, partition, since,
-                                       ASK_TIMEOUT_S)
+            records = await self.reader.read_since(self.topic, partition, since,
+                                                   ASK_TIMEOUT_S)
         except Exception as exc:  # noqa: BLE001 - a timeout or a broker error: no answer
             log.warning("decisions topic %s[%d] not readable (%r): the decisions wait",
                         self.topic, partition, exc)

@@ -1,21 +1,30 @@
 """Reading a stretch of a partition again, out of band, with a consumer of our own.
 
 The agents sometimes need records their faust consumer will not give them: ranges it skipped
-(:mod:`gaps`) and the decisions already on the decisions topic (:mod:`ledger`). Each read uses
-a short-lived consumer that joins no group and commits nothing, so it can neither move the
-group's offsets nor wait on faust's consumer thread, and every read has a deadline.
+(:mod:`gaps`) and the decisions already on the decisions topic (:mod:`ledger`). The reads use
+a consumer that joins no group and commits nothing, so it can neither move the group's offsets
+nor wait on faust's consumer thread, and every read has a deadline.
+
+The consumer is kept between reads. A fresh one's first offsets request waits out a metadata
+retry (~100 ms on Apache Kafka, measured), and the decisions topic is read for every decide
+batch while a partition is new to the worker: with a consumer per read, a lone failure's
+decision paid that wait each time.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
 
 from sibylla.settings import Settings
 
-__all__ = ["Record", "read_range", "read_since"]
+__all__ = ["PartitionReader", "Record"]
+
+log = logging.getLogger(__name__)
 
 READ_TIMEOUT_S = 15.0
 
@@ -30,54 +39,82 @@ class Record:
     timestamp: float  # seconds
 
 
-def _consumer(settings: Settings) -> AIOKafkaConsumer:
-    return AIOKafkaConsumer(bootstrap_servers=settings.bootstrap_servers,
-                            enable_auto_commit=False, auto_offset_reset="earliest",
-                            **settings.kafka_client_options())
-
-
 async def _drain(consumer: AIOKafkaConsumer, tp: TopicPartition, start: int, end: int,
                  out: list[Record]) -> None:
-    consumer.assign([tp])
+    consumer.assign([tp])  # replaces the previous read's partition
     consumer.seek(tp, start)
     while await consumer.position(tp) < end:
         for r in (await consumer.getmany(tp, timeout_ms=500)).get(tp, []):
             if r.offset < end:
                 out.append(Record(r.offset, r.key, r.value, r.timestamp / 1000.0))
+    consumer.pause(tp)  # nothing fetched in the background until the next read
 
 
-async def read_range(settings: Settings, topic: str, partition: int, start: int, end: int,
-                     timeout_s: float = READ_TIMEOUT_S) -> list[Record]:
-    """Records ``start`` (inclusive) to ``end`` (exclusive) of a partition. Raises
-    :class:`TimeoutError` when the broker does not give them within ``timeout_s``."""
-    consumer = _consumer(settings)
-    out: list[Record] = []
-    await consumer.start()
-    try:
-        await asyncio.wait_for(_drain(consumer, TopicPartition(topic, partition), start, end,
-                                      out), timeout_s)
-    finally:
-        await consumer.stop()
-    return out
+class PartitionReader:
+    """Reads stretches of partitions, one at a time, with one consumer kept between reads (a
+    read that fails or runs out of time replaces it: its state is unknown)."""
 
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self._consumer: AIOKafkaConsumer | None = None
+        self._lock = asyncio.Lock()
 
-async def read_since(settings: Settings, topic: str, partition: int, since_s: float,
-                     timeout_s: float = READ_TIMEOUT_S) -> list[Record]:
-    """The records of a partition whose timestamps are ``since_s`` or later, up to its end
-    now (the first such record by the broker's time index, and everything after it).
-    Raises :class:`TimeoutError` when the broker does not answer within ``timeout_s``."""
-    consumer = _consumer(settings)
-    tp = TopicPartition(topic, partition)
-    out: list[Record] = []
+    async def read_range(self, topic: str, partition: int, start: int, end: int,
+                         timeout_s: float = READ_TIMEOUT_S) -> list[Record]:
+        """Records ``start`` (inclusive) to ``end`` (exclusive) of a partition. Raises
+        :class:`TimeoutError` when the broker does not give them within ``timeout_s``."""
+        tp = TopicPartition(topic, partition)
+        out: list[Record] = []
 
-    async def read() -> None:
-        found = (await consumer.offsets_for_times({tp: max(0, int(since_s * 1000))}))[tp]
-        end = (await consumer.end_offsets([tp]))[tp]
-        if found is not None:
-            await _drain(consumer, tp, found.offset, end, out)
-    await consumer.start()
-    try:
-        await asyncio.wait_for(read(), timeout_s)
-    finally:
-        await consumer.stop()
-    return out
+        async def read(consumer: AIOKafkaConsumer) -> None:
+            await _drain(consumer, tp, start, end, out)
+        await self._read(read, timeout_s)
+        return out
+
+    async def read_since(self, topic: str, partition: int, since_s: float,
+                         timeout_s: float = READ_TIMEOUT_S) -> list[Record]:
+        """The records of a partition whose timestamps are ``since_s`` or later, up to its end
+        now (the first such record by the broker's time index, and everything after it).
+        Raises :class:`TimeoutError` when the broker does not answer within ``timeout_s``."""
+        tp = TopicPartition(topic, partition)
+        out: list[Record] = []
+
+        async def read(consumer: AIOKafkaConsumer) -> None:
+            found = (await consumer.offsets_for_times({tp: max(0, int(since_s * 1000))}))[tp]
+            end = (await consumer.end_offsets([tp]))[tp]
+            if found is not None:
+                await _drain(consumer, tp, found.offset, end, out)
+        await self._read(read, timeout_s)
+        return out
+
+    async def _read(self, read: Callable[[AIOKafkaConsumer], Awaitable[None]],
+                    timeout_s: float) -> None:
+        async def locked() -> None:
+            async with self._lock:
+                try:
+                    await read(await self._client())
+                except BaseException:
+                    await self.close()
+                    raise
+        await asyncio.wait_for(locked(), timeout_s)
+
+    async def _client(self) -> AIOKafkaConsumer:
+        if self._consumer is None:
+            consumer = AIOKafkaConsumer(bootstrap_servers=self.settings.bootstrap_servers,
+                                        enable_auto_commit=False, auto_offset_reset="earliest",
+                                        **self.settings.kafka_client_options())
+            try:
+                await consumer.start()
+            except BaseException:
+                await consumer.stop()
+                raise
+            self._consumer = consumer
+        return self._consumer
+
+    async def close(self) -> None:
+        consumer, self._consumer = self._consumer, None
+        if consumer is not None:
+            try:
+                await consumer.stop()
+            except Exception:  # noqa: BLE001 - a consumer being dropped: nothing to keep
+                log.debug("stopping a reread consumer failed", exc_info=True)

@@ -18,7 +18,6 @@ import os
 import socket
 import sys
 import time
-from typing import Any
 
 import faust
 from faust.web import Request, Response, View
@@ -89,9 +88,6 @@ def _register_lag(pipeline: Pipeline) -> None:
         except Exception as exc:  # noqa: BLE001 - a metric must never stop the worker
             log.warning("consumer lag probe failed: %s", exc)
 
-    @app.on_before_shutdown.connect
-    async def close_probe(app: Any, **_: Any) -> None:
-        await probe.close()
 
 
 def _register_reliability(pipeline: Pipeline) -> None:

@@ -11,6 +11,7 @@ import pytest
 from sibylla.streams import gaps
 from sibylla.streams.gaps import GapFiller, finish
 from sibylla.streams.keys import partition_of
+from sibylla.streams.reread import PartitionReader
 from sibylla.streams.ship import Shipper
 from sibylla.streams.topics import ensure_topics
 from tests.integration.fixtures import make_settings
@@ -51,7 +52,7 @@ def test_records_between_the_last_finished_one_and_a_batch_are_read_again(
             await shipper.flush()
         partition = partition_of("job-gap", settings.partitions)
         table: dict[str, bytes] = {}
-        gaps = GapFiller(settings, table)
+        gaps = GapFiller(PartitionReader(settings), table)
         first = await gaps.with_missing([_event(topic, partition, 0)])  # nothing finished yet
         gaps.mark([_event(topic, partition, 2)])
         batch = [_event(topic, partition, 7), _event(topic, partition, 8)]
@@ -86,7 +87,7 @@ def test_records_at_the_end_of_a_partition_with_no_progress_are_read_again(
             await shipper.flush()
         partition = partition_of("job-tail", settings.partitions)
         table: dict[str, bytes] = {}
-        filler = GapFiller(settings, table)
+        filler = GapFiller(PartitionReader(settings), table)
         filler.mark([_event(topic, partition, 2)])  # 3..5 never delivered to the agent
         first = await filler.stalled(topic, partition, 6)  # starts the clock
         await asyncio.sleep(0.3)
