@@ -1,5 +1,6 @@
-"""The shipper against a real broker: what it reports shipped is on the topic, in records the
-broker takes, and what the broker refused is reported, not lost in silence."""
+"""The shipper: how it cuts lines into records, and against a real broker, that what it reports
+shipped is on the topic, in records the broker takes, and that what the broker refused is
+reported, not lost in silence."""
 
 from __future__ import annotations
 
@@ -8,9 +9,11 @@ from pathlib import Path
 
 import orjson
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from sibylla.schemas.records import parse_log_record
-from sibylla.streams.ship import RECORD_MAX_BYTES, DeliveryError, Shipper
+from sibylla.streams.ship import RECORD_MAX_BYTES, DeliveryError, Shipper, _parts
 from sibylla.streams.topics import ensure_topics
 from tests.integration.fixtures import (
     create_topic_taking_at_most,
@@ -19,9 +22,21 @@ from tests.integration.fixtures import (
     read_all,
 )
 
-pytestmark = pytest.mark.integration
+
+@given(st.lists(st.binary(min_size=1, max_size=300), max_size=60),
+       st.integers(1, 20), st.integers(1, 1000))
+def test_records_keep_every_line_in_order_within_both_bounds(
+        entries: list[bytes], max_lines: int, max_bytes: int) -> None:
+    parts = _parts(entries, max_lines, max_bytes)
+    assert [e for part in parts for e in part] == entries
+    assert parts and all(part for part in parts[1:])  # one (maybe empty) run for no lines
+    for part in parts:
+        assert len(part) <= max_lines
+        # over the byte bound only as a single entry that alone exceeds it
+        assert sum(len(e) + 1 for e in part) - 1 <= max_bytes or len(part) == 1
 
 
+@pytest.mark.integration
 def test_long_lines_ship_in_records_the_broker_takes(
         broker: object, unique_prefix: str, tmp_path: Path) -> None:
     # 200 lines at the contract's 16 KiB limit: 3.2 MB, three times what Kafka takes in one
@@ -45,6 +60,7 @@ def test_long_lines_ship_in_records_the_broker_takes(
     assert all(len(orjson.dumps(r)) <= RECORD_MAX_BYTES for r in records)
 
 
+@pytest.mark.integration
 @only_brokers("kafka")  # Tansu takes records over a topic's max.message.bytes
 def test_a_record_the_broker_refuses_is_reported_at_flush(
         broker: object, unique_prefix: str, tmp_path: Path) -> None:
