@@ -5,7 +5,8 @@ job (``scontrol show job``) before it acts, so that a decision replayed after a 
 rebalance does nothing twice:
 
 - the job ended the decided attempt and is still finished (``Restarts`` equals the attempt):
-  ``retry`` requeues it and lets it start now (a requeued job otherwise waits 120 s);
+  ``retry`` requeues it and lets it start in :data:`START_DELAY_S` (a requeued job otherwise
+  waits 120 s);
   ``retry_elsewhere`` does the same with the excluded nodes added to ``ExcNodeList``;
   ``do_not_retry`` leaves it failed (or ``requeuehold`` for a human, by setting);
   ``default_policy`` applies the site's rule (requeue while the job restarted fewer than
@@ -46,6 +47,14 @@ _FINISHED_FAILED = frozenset({"FAILED", "TIMEOUT", "OUT_OF_MEMORY", "NODE_FAIL",
 _REQUEUED_BY_SLURM = frozenset({"NODE_FAIL"})
 _CLOCK_SLACK_S = 5.0  # controller and worker clocks may differ this much
 _TRIES = 3  # scontrol failures per decision before it is reported failed and left
+# Seconds after the update before a requeued job may start, not 0 ("now"). slurmd revokes a
+# job's credential when the job ends and refuses any credential of that job created in the
+# same second or earlier (slurm_cred.c compares whole seconds): a retry started at once on
+# the node it just ended on is killed before it runs ("Killing non-startable batch JobId=7:
+# Job credential revoked" in slurmctld's log), a failed attempt without a line of output
+# that the test cluster hit when the retry landed within the second of the previous end.
+# Slurm's own 120 s wait after a requeue avoids it too; two seconds are enough.
+START_DELAY_S = 2
 _BACKOFF_S = 1.0
 
 
@@ -74,7 +83,7 @@ def plan(decision: Decision, job: Mapping[str, str] | None, settings: Settings) 
         return Plan(why="slurmctld does not know the job (any more)")
     restarts = int(job.get("Restarts", "0") or 0)
     state = job.get("JobState", "")
-    start_now = [f"jobid={job_id}", "StartTime=now"]
+    start_now = [f"jobid={job_id}", f"StartTime=now+{START_DELAY_S}"]
     if restarts == attempt and state in _FINISHED_FAILED:
         ended = timestamp(job.get("EndTime", ""))
         if ended is not None and decision.decided_at + _CLOCK_SLACK_S < ended:

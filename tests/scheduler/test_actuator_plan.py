@@ -31,14 +31,14 @@ def _job(state: str = "FAILED", restarts: int = 0, **fields: str) -> dict[str, s
 
 def test_retry_requeues_a_failed_job_and_lets_it_start_now() -> None:
     assert plan(_decision("retry"), _job(), SETTINGS).commands == [
-        ["requeue", "42"], ["update", "jobid=42", "StartTime=now"]]
+        ["requeue", "42"], ["update", "jobid=42", "StartTime=now+2"]]
 
 
 def test_retry_elsewhere_adds_the_nodes_to_the_exclusion_list() -> None:
     d = _decision("retry_elsewhere", avoid_nodes=["gpu07"], exclude_nodes=["gpu03", "gpu07"])
     assert plan(d, _job(ExcNodeList="gpu01,gpu03"), SETTINGS).commands == [
         ["requeue", "42"],
-        ["update", "jobid=42", "StartTime=now", "ExcNodeList=gpu01,gpu03,gpu07"]]
+        ["update", "jobid=42", "StartTime=now+2", "ExcNodeList=gpu01,gpu03,gpu07"]]
 
 
 def test_do_not_retry_leaves_the_job_failed_or_holds_it_for_a_human() -> None:
@@ -66,7 +66,7 @@ def test_a_job_slurm_requeued_after_a_node_failure_is_kept_off_the_node() -> Non
     d = _decision("retry_elsewhere", state="NODE_FAIL", exclude_nodes=["node1"])
     pending = _job("PENDING", 1, Reason="BeginTime")
     assert plan(d, pending, SETTINGS).commands == [
-        ["update", "jobid=42", "StartTime=now", "ExcNodeList=node1"]]
+        ["update", "jobid=42", "StartTime=now+2", "ExcNodeList=node1"]]
     done = plan(d, _job("PENDING", 1, Reason="Priority", ExcNodeList="node1"), SETTINGS)
     assert done.commands == [] and "already applied" in done.why
     stop = _decision("do_not_retry", state="NODE_FAIL")

@@ -257,3 +257,31 @@ def test_do_not_retry_can_hold_the_job_for_a_human(cluster: SlurmCluster) -> Non
     assert job["Restarts"] == "1" and "held" in job["Reason"].lower()  # requeued held
     assert actuator.apply(decision)["outcome"] == "skipped"  # replayed: held once
     subprocess.run(["scancel", job_id], env=cluster.env, check=True)  # the human's call
+
+
+def test_a_retry_on_the_node_the_job_just_failed_on_runs(cluster: SlurmCluster) -> None:
+    # slurmd refuses a job's credential created in the second its previous run ended there:
+    # started at once ("StartTime=now") on the same node, the retry was killed before it ran
+    # and ended FAILED with no output. The actuator lets it start two seconds later. The job
+    # ends just after a second begins and the retry is applied at once, so that an immediate
+    # start would fall within that second.
+    cluster.configure_epilog({})
+    cluster.scontrol.run(["update", "nodename=node2", "state=drain", "reason=sibylla-test"])
+    try:
+        to_next_second = f"{sys.executable} -c 'import time; print(1.05 - time.time() % 1)'"
+        job_id = cluster.sbatch(f"echo \"ran on $SLURMD_NODENAME\"\nsleep $({to_next_second})\n"
+                                "exit 1\n", "again")
+        deadline = time.monotonic() + 60
+        while cluster.job(job_id)["JobState"] != "FAILED":
+            assert time.monotonic() < deadline, cluster.logs()
+            time.sleep(0.02)
+        decision = Decision(job_id, 0, "nondeterministic", 0.99, "collective_timeout", "retry",
+                            [], [], "m", time.time(), 1.0, state="FAILED")
+        record = Actuator(Settings.from_env({}), cluster.scontrol, io.BytesIO()).apply(decision)
+        assert record["outcome"] == "applied", record
+        job = cluster.wait_job(job_id, lambda j: j["JobState"] == "FAILED"
+                               and j["Restarts"] == "1")
+        output = (cluster.root / "out" / f"again-{job_id}.out").read_text()
+        assert output.count("ran on node1") == 2, (output, job, cluster.logs())
+    finally:
+        cluster.resume_nodes()
