@@ -144,14 +144,14 @@ class Pipeline:
         # partition -> an event of it, whose context the timer borrows to free those windows
         self._context_event: dict[int, Any] = {}
         self._decisions_swept: dict[int, float] = {}
-        # Records read again out of band: skipped ranges, decisions already on the topic.
-        self.reader = PartitionReader(s)
-        self.gaps = GapFiller(self.reader, topology.offsets)
+        # Records read again out of band, each with a reader of its own: a long read of a
+        # skipped range must not hold up the decide path's check of the decisions topic.
+        self.gaps = GapFiller(PartitionReader(s), topology.offsets)
         self._assigned_at: dict[int, float] = {}  # partition -> when this worker got it
         # (topic, partition) -> deliveries of the running batch's dead letters and re-keyed
         # records, awaited before the batch is marked finished (_finished)
         self._sent: dict[tuple[str, int], list[Awaitable[Any]]] = defaultdict(list)
-        self.ledger = DecisionLedger(self.reader, topology.decisions.get_topic_name())
+        self.ledger = DecisionLedger(PartitionReader(s), topology.decisions.get_topic_name())
         # Offsets asked of the broker out of band (bounded waits), and the lag gauge's source.
         self.offsets = LagProbe(s, [s.topic("logs"), s.topic("job-events"),
                                     s.topic("decide-requests")])
@@ -198,7 +198,8 @@ class Pipeline:
     async def _close_clients(self, app: Any, **_: Any) -> None:
         """Stop the consumers kept outside faust's (offsets asked, records read again)."""
         await self.offsets.close()
-        await self.reader.close()
+        await self.gaps.reader.close()
+        await self.ledger.reader.close()
 
     async def _warm_up(self) -> None:
         """One prediction on a made-up failure while the worker joins its group, so that the
@@ -597,8 +598,9 @@ class Pipeline:
             decision = self.memory.decide(job, window, prediction, version, time.time(),
                                           event_time)
             if window.empty:  # the site's default policy then: worth an operator's look
-                log.warning("%s: decided with no log line (none arrived within the grace "
-                            "period and the wait for ingest): %s", key, decision.action)
+                log.warning("%s: decided with no log line (none shipped, or none arrived "
+                            "within the grace period and the wait for ingest): %s", key,
+                            decision.action)
             value = decision.to_json()
             delivered = await self.t.decisions.send(key=job.job_id.encode(), value=value,
                                                     force=True)

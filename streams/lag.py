@@ -23,11 +23,25 @@ from aiokafka import AIOKafkaConsumer, TopicPartition
 
 from sibylla.settings import Settings
 
-__all__ = ["LagProbe"]
+__all__ = ["LagProbe", "start_consumer"]
 
 log = logging.getLogger(__name__)
 
 ASK_TIMEOUT_S = 2.0
+
+
+async def start_consumer(settings: Settings, **options: Any) -> AIOKafkaConsumer:
+    """A started consumer of the settings' brokers that commits nothing (stopped again when
+    its start fails or is cancelled, so that no connection is left behind)."""
+    consumer = AIOKafkaConsumer(bootstrap_servers=settings.bootstrap_servers,
+                                enable_auto_commit=False, **settings.kafka_client_options(),
+                                **options)
+    try:
+        await consumer.start()
+    except BaseException:
+        await consumer.stop()
+        raise
+    return consumer
 
 
 class LagProbe:
@@ -42,17 +56,9 @@ class LagProbe:
 
     async def _client(self) -> AIOKafkaConsumer:
         async with self._starting:
-            if self._consumer is None:
-                opts: dict[str, Any] = self.settings.kafka_client_options()
-                consumer = AIOKafkaConsumer(
-                    bootstrap_servers=self.settings.bootstrap_servers,
-                    group_id=self.settings.group_id, enable_auto_commit=False, **opts)
-                try:
-                    await consumer.start()
-                except BaseException:  # a failed or timed-out start: the next ask retries
-                    await consumer.stop()
-                    raise
-                self._consumer = consumer
+            if self._consumer is None:  # a failed or timed-out start: the next ask retries
+                self._consumer = await start_consumer(self.settings,
+                                                      group_id=self.settings.group_id)
             return self._consumer
 
     async def lag(self) -> dict[tuple[str, int], int]:

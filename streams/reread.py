@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from aiokafka import AIOKafkaConsumer, TopicPartition
 
 from sibylla.settings import Settings
+from sibylla.streams.lag import start_consumer
 
 __all__ = ["PartitionReader", "Record"]
 
@@ -100,15 +101,7 @@ class PartitionReader:
 
     async def _client(self) -> AIOKafkaConsumer:
         if self._consumer is None:
-            consumer = AIOKafkaConsumer(bootstrap_servers=self.settings.bootstrap_servers,
-                                        enable_auto_commit=False, auto_offset_reset="earliest",
-                                        **self.settings.kafka_client_options())
-            try:
-                await consumer.start()
-            except BaseException:
-                await consumer.stop()
-                raise
-            self._consumer = consumer
+            self._consumer = await start_consumer(self.settings, auto_offset_reset="earliest")
         return self._consumer
 
     async def close(self) -> None:

@@ -89,7 +89,6 @@ def _register_lag(pipeline: Pipeline) -> None:
             log.warning("consumer lag probe failed: %s", exc)
 
 
-
 def _register_reliability(pipeline: Pipeline) -> None:
     @pipeline.t.app.timer(RELIABILITY_EVERY_S, name="reliability_metrics")
     async def reliability_metrics() -> None:
