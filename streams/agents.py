@@ -188,6 +188,7 @@ class Pipeline:
             if tp.topic != self.t.logs.get_topic_name():
                 continue
             self.cache.forget(tp.partition)
+            self.ledger.forget(tp.partition)
             for per_partition in (self._ingested, self._windows_swept, self._decisions_swept,
                                   self._assigned_at, self._to_release, self._context_event):
                 per_partition.pop(tp.partition, None)

@@ -73,20 +73,38 @@ class PartitionReader:
         return out
 
     async def read_since(self, topic: str, partition: int, since_s: float,
-                         timeout_s: float = READ_TIMEOUT_S) -> list[Record]:
+                         timeout_s: float = READ_TIMEOUT_S) -> tuple[list[Record], int]:
         """The records of a partition whose timestamps are ``since_s`` or later, up to its end
-        now (the first such record by the broker's time index, and everything after it).
-        Raises :class:`TimeoutError` when the broker does not answer within ``timeout_s``."""
+        now (the first such record by the broker's time index, and everything after it), and
+        that end: where a later :meth:`read_from` goes on. Raises :class:`TimeoutError` when
+        the broker does not answer within ``timeout_s``."""
         tp = TopicPartition(topic, partition)
         out: list[Record] = []
+        end = 0
 
         async def read(consumer: AIOKafkaConsumer) -> None:
+            nonlocal end
             found = (await consumer.offsets_for_times({tp: max(0, int(since_s * 1000))}))[tp]
             end = (await consumer.end_offsets([tp]))[tp]
             if found is not None:
                 await _drain(consumer, tp, found.offset, end, out)
         await self._read(read, timeout_s)
-        return out
+        return out, end
+
+    async def read_from(self, topic: str, partition: int, start: int,
+                        timeout_s: float = READ_TIMEOUT_S) -> tuple[list[Record], int]:
+        """The records of a partition from offset ``start`` to its end now, and that end.
+        Raises :class:`TimeoutError` when the broker does not answer within ``timeout_s``."""
+        tp = TopicPartition(topic, partition)
+        out: list[Record] = []
+        end = start
+
+        async def read(consumer: AIOKafkaConsumer) -> None:
+            nonlocal end
+            end = max(start, (await consumer.end_offsets([tp]))[tp])
+            await _drain(consumer, tp, start, end, out)
+        await self._read(read, timeout_s)
+        return out, end
 
     async def _read(self, read: Callable[[AIOKafkaConsumer], Awaitable[None]],
                     timeout_s: float) -> None:

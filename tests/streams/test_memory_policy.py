@@ -4,6 +4,10 @@ that turn a verdict plus that history into an action."""
 from __future__ import annotations
 
 import dataclasses
+import re
+
+from hypothesis import given
+from hypothesis import strategies as st
 
 from sibylla.inference.api import LogWindow, Prediction
 from sibylla.schemas.records import Decision, JobEvent
@@ -54,6 +58,35 @@ def test_progress_counts_epochs_steps_and_checkpoints() -> None:
     lines = ["Epoch 3: 41%|████      | 410/1000 [12:01<17:18, 1.76s/it, loss=2.31]",
              "step=420 loss=2.2", "Saved checkpoint to /ckpt/step_400.pt", "iter 7"]
     assert progress_of(lines) == (3, 420, 1)
+
+
+# What progress_of means, line by line with case-insensitive patterns; the worker's version
+# scans the whole window at once (attempts.py says why) and must find the same.
+_SPEC_EPOCH = re.compile(r"(?i)\bepoch[\s:=\[#]*(\d+)")
+_SPEC_STEP = re.compile(r"(?i)\b(?:global[_ ]step|step|iter(?:ation)?|it)[\s:=\[#]*(\d+)"
+                        r"|\|\s*(\d+)/\d+\s*\[")
+_SPEC_CHECKPOINT = re.compile(r"(?i)\b(?:saved?|saving|wrote|writing)\b.{0,40}\bcheckpoint"
+                              r"|\bcheckpoint\b.{0,40}\b(?:saved|written)\b")
+
+
+def _progress_spec(lines: list[str]) -> tuple[int, int, int]:
+    epoch = step = saved = 0
+    for line in lines:
+        epoch = max([epoch, *(int(m.group(1)) for m in _SPEC_EPOCH.finditer(line))])
+        step = max([step, *(int(m.group(1) or m.group(2)) for m in _SPEC_STEP.finditer(line))])
+        saved += bool(_SPEC_CHECKPOINT.search(line))
+    return epoch, step, saved
+
+
+_PIECES = ["Epoch", "epoch", "EPOCH", "step", "Step", "global_step", "global step", "it",
+           "iter", "Iteration", "xstep", "limit", "checkpoint", "Saved", "saving", "written",
+           "wrote", "|", "/", "[", "]", ":", "=", "#", " ", "\t", "_", "a", "3", "42", "1000",
+           "loss", ".", "É", "\u2588"]
+
+
+@given(st.lists(st.lists(st.sampled_from(_PIECES), max_size=12).map("".join), max_size=8))
+def test_progress_is_what_each_line_says(lines: list[str]) -> None:
+    assert progress_of(lines) == _progress_spec(lines)
 
 
 def test_gpu_faults_blame_the_node_they_name_and_node_failures_all_nodes() -> None:
