@@ -31,20 +31,21 @@ class IncrementalFeatures:
 
     def __init__(self, limits: WindowLimits | None = None) -> None:
         self.window = TailWindow(limits or DEFAULT_LIMITS)
-        self._tail: deque[Prepared] = deque()  # parallel to window.tail
+        self._tail: deque[Prepared] = deque()  # parallel to the window's tail
         self._first: list[Prepared] = []  # parallel to window.first_error
 
     def feed(self, lines: Iterable[str], now: float = 0.0) -> None:
         """Append lines in the order printed (the window's limits apply as in the stream)."""
-        window, tail, first = self.window, self.window.tail, self.window.first_error
+        window, first = self.window, self.window.first_error
         prepared_tail, prepared_first = self._tail, self._first
         for line in lines:
             window.extend((line,), now)
-            prepared = prepare_line(tail[-1])  # the line as kept (a huge one keeps its end)
+            # the line as kept (a huge one keeps its end)
+            prepared = prepare_line(window.last_line)
             prepared_tail.append(prepared)
             if len(first) > len(prepared_first):  # the line joined the first error block
                 prepared_first.append(prepared)
-            while len(prepared_tail) > len(tail):
+            while len(prepared_tail) > window.tail_len:
                 prepared_tail.popleft()
 
     def log_window(self, job_id: str = "", attempt: int = 0) -> LogWindow:

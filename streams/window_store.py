@@ -16,16 +16,17 @@ with the input, and a compacted changelog holds about one window's worth per att
 from __future__ import annotations
 
 from collections.abc import Iterator
-from itertools import islice
 from typing import Any
 
 import orjson
 
-from sibylla.streams.window import TailWindow, WindowLimits
+from sibylla.streams.window import BLOCK_LINES, TailWindow, WindowLimits
 
 __all__ = ["CHUNK_LINES", "WindowStore"]
 
-CHUNK_LINES = 16
+# A divisor of the window's compressed blocks, so that a save reads the lines it writes
+# uncompressed (window.BLOCK_LINES).
+CHUNK_LINES = BLOCK_LINES // 2
 _FORMAT = 1  # of the header; bump when its layout changes
 
 
@@ -54,15 +55,14 @@ class WindowStore:
         first, filling = start // c, count // c
         for n in range(max(first, window.saved_lines // c), filling):  # completed since
             lo = max(n * c, start)
-            lines = list(islice(window.tail, lo - start, (n + 1) * c - start))
+            lines = window.lines(lo - start, (n + 1) * c - start)
             self.chunks[_chunk_key(key, n)] = orjson.dumps([lo, lines])
         for n in range(window.saved_first_chunk, first):
             self._drop(_chunk_key(key, n))
         open_lo = max(filling * c, start)
         self.headers[key] = orjson.dumps([
-            _FORMAT, count, len(window.tail), window.last_seen, window.eos, window.fe_state,
-            window.last_offset, window.first_error, open_lo,
-            list(islice(window.tail, open_lo - start, None))])
+            _FORMAT, count, window.tail_len, window.last_seen, window.eos, window.fe_state,
+            window.last_offset, window.first_error, open_lo, window.lines(open_lo - start)])
         window.saved_lines, window.saved_first_chunk = count, first
 
     def load(self, key: str, header: bytes) -> TailWindow:

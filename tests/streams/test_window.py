@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import random
+import tracemalloc
+
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -77,3 +80,41 @@ def test_a_line_longer_than_the_window_keeps_its_end_whatever_its_characters(
     else:
         assert len(kept) == 1 and line.endswith(kept[0])
         assert len(kept[0].encode()) > max_bytes - 4  # at most one character's bytes lost
+
+
+@settings(max_examples=200, deadline=None)
+@given(limits=LIMITS, chunks=st.lists(LINES, max_size=5), lo=st.integers(0, 60),
+       width=st.integers(0, 60))
+def test_any_stretch_of_the_tail_reads_back_as_kept(limits, chunks, lo, width) -> None:
+    # The window store persists stretches of the tail; older lines are held compressed.
+    window = TailWindow(limits)
+    for chunk in chunks:
+        window.extend(chunk, now=1.0)
+    tail = window.tail
+    assert len(tail) == window.tail_len
+    assert window.lines(lo, lo + width) == tail[lo:lo + width]
+    if tail:
+        assert window.last_line == tail[-1]
+
+
+def test_a_window_holds_its_text_in_a_fraction_of_the_texts_size() -> None:
+    # 10,000 running jobs' windows must fit a worker's memory: older lines are compressed.
+    rng = random.Random(7)
+
+    def line(step: int) -> str:
+        return (f"[rank{rng.randrange(8)}]: step {step} | loss {rng.random():.4f} | lr 3.000e-04"
+                f" | grad_norm {rng.random() * 2:.3f} | {rng.uniform(90, 160):.1f} samples/s")
+
+    limits = WindowLimits(max_lines=200, max_bytes=1 << 20, first_error_max_lines=10)
+    tracemalloc.start()
+    windows = []
+    for _ in range(200):
+        window = TailWindow(limits)
+        for step in range(0, 400, 20):  # as records arrive: 20 lines at a time
+            window.extend([line(s) for s in range(step, step + 20)], now=1.0)
+        windows.append(window)
+    held, _ = tracemalloc.get_traced_memory()
+    tracemalloc.stop()
+    text = sum(w.tail_bytes for w in windows)
+    assert all(w.tail_len == 200 for w in windows)
+    assert held < 0.6 * text, (held, text)
