@@ -61,7 +61,7 @@ from sibylla.streams.batcher import MicroBatcher
 from sibylla.streams.gaps import GapFiller, ends_on_cancel, finish
 from sibylla.streams.keys import attempt_key, partition_of, split_key
 from sibylla.streams.lag import LagProbe
-from sibylla.streams.ledger import DecisionLedger
+from sibylla.streams.ledger import CLOCK_SKEW_S, DecisionLedger
 from sibylla.streams.memory import AttemptMemory
 from sibylla.streams.metrics import WorkerMetrics
 from sibylla.streams.policy import CLASSIFIER_ERROR_CATEGORY
@@ -152,6 +152,7 @@ class Pipeline:
         # records, awaited before the batch is marked finished (_finished)
         self._sent: dict[tuple[str, int], list[Awaitable[Any]]] = defaultdict(list)
         self.ledger = DecisionLedger(PartitionReader(s), topology.decisions.get_topic_name())
+        self._warming: set[asyncio.Future[None]] = set()  # reads ahead (DecisionLedger.warm)
         # Offsets asked of the broker out of band (bounded waits), and the lag gauge's source.
         self.offsets = LagProbe(s, [s.topic("logs"), s.topic("job-events"),
                                     s.topic("decide-requests")])
@@ -198,6 +199,8 @@ class Pipeline:
 
     async def _close_clients(self, app: Any, **_: Any) -> None:
         """Stop the consumers kept outside faust's (offsets asked, records read again)."""
+        for task in list(self._warming):
+            task.cancel()
         await self.offsets.close()
         await self.gaps.reader.close()
         await self.ledger.reader.close()
@@ -220,8 +223,14 @@ class Pipeline:
     async def _on_assigned(self, app: Any, assigned: set[TP], **_: Any) -> None:
         now = time.time()
         for tp in assigned:
-            if tp.topic == self.t.logs.get_topic_name():
-                self._assigned_at.setdefault(tp.partition, now)
+            if tp.topic == self.t.logs.get_topic_name() and tp.partition not in self._assigned_at:
+                self._assigned_at[tp.partition] = now
+                # Every decision of the partition is checked against the decisions topic for
+                # LEDGER_CHECK_S: read it now rather than on the first decision's path.
+                task = asyncio.ensure_future(self.ledger.warm(
+                    tp.partition, now - LEDGER_CHECK_S - CLOCK_SKEW_S))
+                self._warming.add(task)
+                task.add_done_callback(self._warming.discard)
 
     async def _with_missing(self, events: Sequence[Any]) -> Sequence[Any]:
         """The batch, preceded by the records the consumer skipped before it (gaps.py)."""

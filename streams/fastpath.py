@@ -78,6 +78,18 @@ class _ConsumerThread(aiokafka_driver.AIOKafkaConsumerThread):
         consumer._fetch_max_wait_ms = FETCH_MAX_WAIT_MS  # read when its fetcher starts
         return consumer
 
+    async def on_start(self) -> None:
+        await super().on_start()
+        # aiokafka's fetcher sends no fetch to a broker while any partition led there holds
+        # fetched records younger than its prefetch backoff (100 ms) that were not consumed
+        # yet. A worker's consumer is also assigned its tables' changelog partitions, whose
+        # records faust leaves unconsumed: the first write to each of them stalled every
+        # fetch for 100 ms, and a lone decision after start waited for it (~110 ms instead of
+        # ~10 ms for the decide request's trip, seen for the first few decisions). Without
+        # the backoff a partition with records waiting is still not fetched again, as in
+        # Kafka's own clients, and the others are.
+        self._ensure_consumer()._fetcher._prefetch_backoff = 0.0
+
 
 class FastDrainConsumer(aiokafka_driver.Consumer):
     """faust's aiokafka consumer with the per-message race taken off the common path."""
@@ -112,3 +124,4 @@ class SibyllaApp(faust.App):
         producer = super()._new_producer()
         producer.buffer.max_messages = PRODUCER_BUFFER_MAX_MESSAGES
         return producer
+

@@ -81,6 +81,24 @@ class DecisionLedger:
         self.topic = topic
         self._seen: dict[int, _Seen] = {}
 
+    async def warm(self, partition: int, since_s: float) -> None:
+        """Read a partition's decisions stamped ``since_s`` or later before the first question
+        comes: a worker that just got a partition asks about each of its decisions for a
+        while, and a partition's first read is the slow one (see :meth:`decided`). A failure
+        is only logged: the first question reads the topic then."""
+        if partition in self._seen:
+            return
+        try:
+            records, end = await self.reader.read_since(self.topic, partition, since_s,
+                                                        ASK_TIMEOUT_S)
+        except Exception as exc:  # noqa: BLE001 - see the docstring
+            log.info("decisions topic %s[%d] not read ahead (%r)", self.topic, partition, exc)
+            return
+        if partition not in self._seen:  # a question may have read it meanwhile
+            seen = self._seen[partition] = _Seen(since_s, end)
+            seen.add(records)
+            seen.prune()
+
     def forget(self, partition: int) -> None:
         """Drop what was read of a partition (it went to another worker)."""
         self._seen.pop(partition, None)

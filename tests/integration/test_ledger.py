@@ -82,3 +82,26 @@ def test_the_topic_tells_which_attempts_it_holds_as_it_grows(
             await reader.close()
 
     asyncio.run(scenario())
+
+
+def test_a_partition_read_ahead_answers_for_decisions_before_and_after(
+        broker, unique_prefix: str, tmp_path: Path) -> None:
+    # A worker reads a partition's decisions when it gets the partition (agents.py), before
+    # any question; what is published later is still found.
+    settings = make_settings(broker.bootstrap_servers, unique_prefix, tmp_path)
+
+    async def scenario() -> None:
+        await ensure_topics(settings)
+        reader = PartitionReader(settings)
+        ledger = DecisionLedger(reader, settings.topic("decisions"))
+        now = time.time()
+        try:
+            await _publish(settings, [("before", now - 10)])
+            await ledger.warm(0, now - 240)
+            await _publish(settings, [("after", now + 1)])
+            found = await ledger.decided(0, _asked("before", "after", "never", at=now))
+            assert set(found) == {attempt_key("before", 0), attempt_key("after", 0)}
+        finally:
+            await reader.close()
+
+    asyncio.run(scenario())
