@@ -5,7 +5,9 @@ back before what was read, and after the kept decisions were pruned."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import orjson
@@ -41,6 +43,17 @@ async def _publish(settings: Settings, decisions: list[tuple[str, float]]) -> No
         await producer.stop()
 
 
+@contextlib.asynccontextmanager
+async def _ledger(settings: Settings) -> AsyncIterator[DecisionLedger]:
+    """A ledger of the decisions topic (created), with its reader closed afterwards."""
+    await ensure_topics(settings)
+    reader = PartitionReader(settings)
+    try:
+        yield DecisionLedger(reader, settings.topic("decisions"))
+    finally:
+        await reader.close()
+
+
 def _asked(*job_ids: str, at: float) -> dict[str, float]:
     return {attempt_key(job_id, 0): at for job_id in job_ids}
 
@@ -51,11 +64,8 @@ def test_the_topic_tells_which_attempts_it_holds_as_it_grows(
     monkeypatch.setattr(ledger_module, "KEEP_MAX", 4)
 
     async def scenario() -> None:
-        await ensure_topics(settings)
-        reader = PartitionReader(settings)
-        ledger = DecisionLedger(reader, settings.topic("decisions"))
         now = time.time()
-        try:
+        async with _ledger(settings) as ledger:
             await _publish(settings, [("a", now - 60), ("b", now - 30)])
             found = await ledger.decided(0, _asked("a", "b", "c", at=now))
             assert set(found) == {attempt_key("a", 0), attempt_key("b", 0)}
@@ -78,8 +88,6 @@ def test_the_topic_tells_which_attempts_it_holds_as_it_grows(
             assert set(await ledger.decided(0, _asked("g", at=now))) == {attempt_key("g", 0)}
             found = await ledger.decided(0, _asked("a", "f", "z", at=now - 60))
             assert set(found) == {attempt_key("a", 0), attempt_key("f", 0)}
-        finally:
-            await reader.close()
 
     asyncio.run(scenario())
 
@@ -91,17 +99,12 @@ def test_a_partition_read_ahead_answers_for_decisions_before_and_after(
     settings = make_settings(broker.bootstrap_servers, unique_prefix, tmp_path)
 
     async def scenario() -> None:
-        await ensure_topics(settings)
-        reader = PartitionReader(settings)
-        ledger = DecisionLedger(reader, settings.topic("decisions"))
         now = time.time()
-        try:
+        async with _ledger(settings) as ledger:
             await _publish(settings, [("before", now - 10)])
             await ledger.warm(0, now - 240)
             await _publish(settings, [("after", now + 1)])
             found = await ledger.decided(0, _asked("before", "after", "never", at=now))
             assert set(found) == {attempt_key("before", 0), attempt_key("after", 0)}
-        finally:
-            await reader.close()
 
     asyncio.run(scenario())
