@@ -133,9 +133,11 @@ class Pipeline:
         self.reliability = FailureRateEstimator()
         self._requested: dict[str, float] = {}  # attempt key -> when a decision was requested
         self._ingested: dict[int, int] = {}  # partition -> offset of the last log record taken
-        # Called for each new decision inside the decide agent's event context (table writes
-        # there land on the job's partition): online learning keeps the window it needs.
-        self.decided_hooks: list[Callable[[LogWindow, Decision], Awaitable[None]]] = []
+        # Called with each decide batch's new decisions (and their windows) inside the decide
+        # agent's event context (table writes there land on the jobs' partition): online
+        # learning keeps the windows it needs.
+        self.decided_hooks: list[
+            Callable[[Sequence[tuple[LogWindow, Decision]]], Awaitable[None]]] = []
         # Each job's earlier attempts, for the policy with memory.
         self.memory = AttemptMemory(topology.history, s, self.metrics)
         self._windows_swept: dict[int, float] = {}  # partition -> last TTL sweep
@@ -618,6 +620,7 @@ class Pipeline:
         # Only what the broker holds is marked decided (see the module's docstring). A decision
         # it refused stays pending and is made again.
         outcomes = await asyncio.gather(*(d for *_, d in made), return_exceptions=True)
+        done: list[tuple[LogWindow, Decision]] = []
         for (key, event, job, window, decision, value, _), outcome in zip(
                 made, outcomes, strict=True):
             if isinstance(outcome, BaseException):
@@ -630,8 +633,9 @@ class Pipeline:
                 self.metrics.explored.inc()
             self.metrics.decision_latency.observe(decision.latency_ms / 1000.0)
             self.activity.on_decision(decision)
-            for hook in self.decided_hooks:
-                await hook(window, decision)
+            done.append((window, decision))
+        for hook in self.decided_hooks if done else ():
+            await hook(done)
 
     def _mark_decided(self, partition: int, key: str, event: Any, job: JobEvent,
                       value: bytes) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import orjson
@@ -65,7 +66,7 @@ async def test_every_member_votes_and_the_label_carries_their_votes() -> None:
     p = fake_pipeline()
     committee = build_committee(f"rules,{shipped_model_path()}", device="cpu")
     ol = OnlineLearning(p, OnlineSettings(), committee)
-    await ol.on_decided(LogWindow("job", 0, ERROR, ERROR), decision(0, "deterministic", 0.9))
+    await ol.on_decided([(LogWindow("job", 0, ERROR, ERROR), decision(0, "deterministic", 0.9))])
     done = orjson.dumps({"job_id": "job", "attempt": 1, "event": "finished",
                          "state": "COMPLETED"})
     await ol._outcomes(Stream(done))
@@ -75,3 +76,20 @@ async def test_every_member_votes_and_the_label_carries_their_votes() -> None:
     assert sources == {"outcome": "nondeterministic", "model:primary": "deterministic",
                        "model:regex-rules": "deterministic",
                        f"model:{list(committee)[1]}": "deterministic"}
+
+
+async def test_each_decision_of_a_batch_gets_the_votes_on_its_own_window() -> None:
+    # The committee predicts once per decide batch; a window with no line gets no vote.
+    ol = OnlineLearning(fake_pipeline(), OnlineSettings(), build_committee("tfidf"))
+    batch = [(LogWindow(job, 0, lines, lines), dataclasses.replace(decision(0), job_id=job))
+             for job, lines in (("oom", OOM), ("silent", []), ("nccl", NCCL))]
+    await ol.on_decided(batch)
+
+    def committee(job: str) -> dict[str, str]:
+        record = ol._get(job, 0)
+        assert record is not None and record.decided
+        return {source: vote.label for source, vote in record.votes.items()}
+
+    assert committee("oom") == {"model:tfidf-logreg": "deterministic"}
+    assert committee("nccl") == {"model:tfidf-logreg": "nondeterministic"}
+    assert committee("silent") == {}

@@ -93,10 +93,10 @@ class Stream:
 
 async def test_a_retry_failing_the_same_way_labels_the_attempt_deterministic() -> None:
     ol, topic = loop()
-    await ol.on_decided(LogWindow("job", 0, ["step 1", *ERROR], ERROR), decision(0))
+    await ol.on_decided([(LogWindow("job", 0, ["step 1", *ERROR], ERROR), decision(0))])
     assert labels(topic) == []  # an unsure model alone is thin evidence
     window = LogWindow("job", 1, ["[rank2]: " + e for e in ERROR], ["[rank2]: " + e for e in ERROR])
-    await ol.on_decided(window, decision(1))
+    await ol.on_decided([(window, decision(1))])
     [label] = labels(topic)
     assert (label.job_id, label.attempt, label.label) == ("job", 0, "deterministic")
     assert [v.source for v in label.votes] == ["outcome"]
@@ -105,7 +105,7 @@ async def test_a_retry_failing_the_same_way_labels_the_attempt_deterministic() -
 
 async def test_a_completed_retry_labels_nondeterministic_against_a_confident_model() -> None:
     ol, topic = loop()
-    await ol.on_decided(LogWindow("job", 0, ERROR, ERROR), decision(0, "deterministic", 1.0))
+    await ol.on_decided([(LogWindow("job", 0, ERROR, ERROR), decision(0, "deterministic", 1.0))])
     done = orjson.dumps({"job_id": "job", "attempt": 1, "event": "finished",
                          "state": "COMPLETED"})
     await ol._outcomes(Stream(b"not json", done))
@@ -116,8 +116,8 @@ async def test_a_completed_retry_labels_nondeterministic_against_a_confident_mod
 
 async def test_an_operator_label_overrides_and_republishes() -> None:
     ol, topic = loop()
-    await ol.on_decided(LogWindow("job", 0, ERROR, ERROR), decision(0))
-    await ol.on_decided(LogWindow("job", 1, ERROR, ERROR), decision(1))
+    await ol.on_decided([(LogWindow("job", 0, ERROR, ERROR), decision(0))])
+    await ol.on_decided([(LogWindow("job", 1, ERROR, ERROR), decision(1))])
     vote = orjson.dumps({"job_id": "job", "attempt": 0, "label": "nondeterministic",
                          "operator": "alice"})
     await ol._operator_votes(Stream(vote, b'{"job_id": "job", "attempt": 0, "label": "maybe"}'))
@@ -130,7 +130,7 @@ async def test_an_operator_label_before_the_decision_waits_for_the_window() -> N
     vote = orjson.dumps({"job_id": "job", "attempt": 0, "label": "deterministic"})
     await ol._operator_votes(Stream(vote))
     assert labels(topic) == []
-    await ol.on_decided(LogWindow("job", 0, ERROR, ERROR), decision(0))
+    await ol.on_decided([(LogWindow("job", 0, ERROR, ERROR), decision(0))])
     [label] = labels(topic)
     assert label.label == "deterministic" and label.log
 
@@ -153,7 +153,7 @@ async def test_announced_model_is_swapped_only_with_the_right_checksum(tmp_path:
 
 async def test_votes_older_than_the_ttl_are_dropped() -> None:
     ol, _ = loop()
-    await ol.on_decided(LogWindow("job", 0, ERROR, ERROR), decision(0))
+    await ol.on_decided([(LogWindow("job", 0, ERROR, ERROR), decision(0))])
     key = next(iter(ol.votes))
     partition = partition_of("job", ol.p.settings.partitions)
     assert ol.expire(partition, time.time()) == 0
