@@ -72,3 +72,23 @@ def test_deleting_a_window_removes_its_header_and_chunks() -> None:
     store.save("3:job", window)
     store.delete("3:job", window)
     assert store.headers == {} and store.chunks == {}
+
+
+@settings(max_examples=300, deadline=None)
+@given(limits=LIMITS, batches=CHUNKS, chunk_lines=st.integers(1, 20),
+       restarts=st.lists(st.booleans(), min_size=12, max_size=12))
+def test_a_window_restored_again_and_again_goes_on_like_one_never_restored(
+        limits, batches, chunk_lines, restarts) -> None:
+    # A worker killed between batches restores the window from the store each time (its
+    # compressed blocks then start at other lines than the live window's).
+    store = _store(limits, chunk_lines)
+    live, restored = TailWindow(limits), TailWindow(limits)
+    for i, (batch, restart) in enumerate(zip(batches, restarts, strict=False)):
+        for w in (live, restored):
+            w.extend(batch, now=i)
+        store.save("0:job", restored)
+        if restart:
+            restored = store.load("0:job", store.headers["0:job"])
+        assert restored.tail == live.tail
+        assert restored.line_count == live.line_count
+        assert restored.tail_bytes == live.tail_bytes
