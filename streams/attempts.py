@@ -48,10 +48,10 @@ _CHECKPOINT = re.compile(r"\b(?:saved?|saving|wrote|writing)\b.{0,40}\bcheckpoin
 
 # Hardware faults that name the broken machine (or GPU) in the line; a window without any of
 # the lowered keywords (nearly all) is not scanned line by line.
-_HARDWARE = re.compile(r"\bXid\b|\bECC\b|uncorrectable|GPU has fallen off the bus|"
-                       r"NODE FAILURE|unhealthy GPU|row remap", re.I)
-_HARDWARE_KEYS = ("xid", "ecc", "uncorrectable", "fallen off the bus", "node failure",
-                  "unhealthy gpu", "row remap")
+_HARDWARE_WORDS = (r"\bXid\b", r"\bECC\b", "uncorrectable", "GPU has fallen off the bus",
+                   "NODE FAILURE", "unhealthy GPU", "row remap")
+_HARDWARE = re.compile("|".join(_HARDWARE_WORDS), re.I)
+_HARDWARE_KEYS = tuple(word.replace(r"\b", "").lower() for word in _HARDWARE_WORDS)
 _HOST_TOKEN = re.compile(r"[A-Za-z][\w.-]*")
 
 

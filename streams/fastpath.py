@@ -124,4 +124,3 @@ class SibyllaApp(faust.App):
         producer = super()._new_producer()
         producer.buffer.max_messages = PRODUCER_BUFFER_MAX_MESSAGES
         return producer
-
