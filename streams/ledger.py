@@ -89,15 +89,20 @@ class DecisionLedger:
         if partition in self._seen:
             return
         try:
-            records, end = await self.reader.read_since(self.topic, partition, since_s,
-                                                        ASK_TIMEOUT_S)
+            seen = await self._read_since(partition, since_s)
         except Exception as exc:  # noqa: BLE001 - see the docstring
             log.info("decisions topic %s[%d] not read ahead (%r)", self.topic, partition, exc)
             return
-        if partition not in self._seen:  # a question may have read it meanwhile
-            seen = self._seen[partition] = _Seen(since_s, end)
-            seen.add(records)
-            seen.prune()
+        seen.prune()
+        self._seen.setdefault(partition, seen)  # a question may have read it meanwhile
+
+    async def _read_since(self, partition: int, since_s: float) -> _Seen:
+        """What the partition holds from ``since_s`` on, read now."""
+        records, end = await self.reader.read_since(self.topic, partition, since_s,
+                                                    ASK_TIMEOUT_S)
+        seen = _Seen(since_s, end)
+        seen.add(records)
+        return seen
 
     def forget(self, partition: int) -> None:
         """Drop what was read of a partition (it went to another worker)."""
@@ -114,17 +119,15 @@ class DecisionLedger:
         seen = self._seen.get(partition)
         try:
             if seen is None or since < seen.since_s:
-                records, end = await self.reader.read_since(self.topic, partition, since,
-                                                            ASK_TIMEOUT_S)
-                seen = self._seen[partition] = _Seen(since, end)
+                seen = self._seen[partition] = await self._read_since(partition, since)
             else:
                 records, seen.next_offset = await self.reader.read_from(
                     self.topic, partition, seen.next_offset, ASK_TIMEOUT_S)
+                seen.add(records)
         except Exception as exc:  # noqa: BLE001 - a timeout or a broker error: no answer
             log.warning("decisions topic %s[%d] not readable (%r): the decisions wait",
                         self.topic, partition, exc)
             return None
-        seen.add(records)
         found = {key: seen.decided[key][1] for key in terminated_at if key in seen.decided}
         seen.prune()
         return found

@@ -79,30 +79,35 @@ class PartitionReader:
         that end: where a later :meth:`read_from` goes on. Raises :class:`TimeoutError` when
         the broker does not answer within ``timeout_s``."""
         tp = TopicPartition(topic, partition)
-        out: list[Record] = []
-        end = 0
 
-        async def read(consumer: AIOKafkaConsumer) -> None:
-            nonlocal end
+        async def first(consumer: AIOKafkaConsumer) -> int | None:
             found = (await consumer.offsets_for_times({tp: max(0, int(since_s * 1000))}))[tp]
-            end = (await consumer.end_offsets([tp]))[tp]
-            if found is not None:
-                await _drain(consumer, tp, found.offset, end, out)
-        await self._read(read, timeout_s)
-        return out, end
+            return None if found is None else found.offset
+        return await self._to_end(tp, first, timeout_s)
 
     async def read_from(self, topic: str, partition: int, start: int,
                         timeout_s: float = READ_TIMEOUT_S) -> tuple[list[Record], int]:
         """The records of a partition from offset ``start`` to its end now, and that end.
         Raises :class:`TimeoutError` when the broker does not answer within ``timeout_s``."""
-        tp = TopicPartition(topic, partition)
+        async def first(consumer: AIOKafkaConsumer) -> int:
+            return start
+        return await self._to_end(TopicPartition(topic, partition), first, timeout_s)
+
+    async def _to_end(self, tp: TopicPartition,
+                      first: Callable[[AIOKafkaConsumer], Awaitable[int | None]],
+                      timeout_s: float) -> tuple[list[Record], int]:
+        """The records from offset ``first(consumer)`` (None: none) to the end now, and that
+        end (never below the start)."""
         out: list[Record] = []
-        end = start
+        end = 0
 
         async def read(consumer: AIOKafkaConsumer) -> None:
             nonlocal end
-            end = max(start, (await consumer.end_offsets([tp]))[tp])
-            await _drain(consumer, tp, start, end, out)
+            start = await first(consumer)
+            end = (await consumer.end_offsets([tp]))[tp]
+            if start is not None:
+                end = max(start, end)
+                await _drain(consumer, tp, start, end, out)
         await self._read(read, timeout_s)
         return out, end
 
