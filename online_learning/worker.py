@@ -266,7 +266,7 @@ class OnlineLearning:
             if ann.name != self.s.model_name:
                 return False
             self.metrics.set_announced(ann.version)  # only announcements that check out
-            if ann.version == self.p.classifier.version:
+            if ann.version == (await self.p.model()).version:
                 # The model it runs, announced again (a worker restarted reads the compacted
                 # topic from its start): its gate scores are now known.
                 self.guard.accepted(ann)

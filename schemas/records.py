@@ -126,7 +126,7 @@ def _as_int(value: Any) -> int:
 
 def _checked(check: Check, record: dict[str, Any]) -> None:
     try:
-        check(record, "")
+        check(record)
     except ValidationFailure as exc:
         reason = str(exc)
         kind: ReasonClass = "missing_job_id" if reason.startswith("job_id ") else "invalid_field"
@@ -178,12 +178,16 @@ def job_key(record: dict[str, Any]) -> tuple[str, int]:
     return record["job_id"], _as_int(record.get("attempt", 0))
 
 
-def _line_within(line: str, max_line_bytes: int, where: str) -> str:
-    # len() counts code points; UTF-8 needs at most 4 bytes each, so only long lines pay
-    # for an exact byte count.
-    if len(line) * 4 > max_line_bytes and len(line.encode()) > max_line_bytes:
-        raise RecordError(f"{where} longer than {max_line_bytes} bytes", "too_long")
-    return line
+def _lines_within(lines: list[str], max_line_bytes: int, where: str) -> list[str]:
+    """``lines``, each at most ``max_line_bytes`` long in UTF-8. ``where`` names the field,
+    ``{i}`` standing for a line's index (formatted only for the line found too long)."""
+    for i, line in enumerate(lines):
+        # len() counts code points; UTF-8 needs at most 4 bytes each, so only long lines pay
+        # for an exact byte count.
+        if len(line) * 4 > max_line_bytes and len(line.encode()) > max_line_bytes:
+            raise RecordError(f"{where.format(i=i)} longer than {max_line_bytes} bytes",
+                              "too_long")
+    return lines
 
 
 def parse_log_record(
@@ -199,14 +203,14 @@ def parse_log_record(
         field_map.apply(record)
     if "lines" in record:
         _checked(_LOGBATCH, record)
-        lines = [_line_within(e["line"], max_line_bytes, f"lines[{i}].line")
-                 for i, e in enumerate(record["lines"])]
+        lines = _lines_within([e["line"] for e in record["lines"]], max_line_bytes,
+                              "lines[{i}].line")
     elif "line" not in record and record.get("eos") is True:
         _checked(_EOS_MARKER, record)
         lines = []
     else:
         _checked(_LOGLINE, record)
-        lines = [_line_within(record["line"], max_line_bytes, "line")]
+        lines = _lines_within([record["line"]], max_line_bytes, "line")
     return LogChunk(record["job_id"], _as_int(record.get("attempt", 0)), lines,
                     record.get("eos", False))
 

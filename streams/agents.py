@@ -33,6 +33,7 @@ import time
 import weakref
 from collections import defaultdict, deque
 from collections.abc import Awaitable, Callable, Mapping, Sequence
+from concurrent.futures import Future
 from typing import Any, TypeVar
 
 import orjson
@@ -106,14 +107,17 @@ def _decide_request_key(value: bytes | None) -> str:
 class Pipeline:
     """Registers the agents, timers and pages of a worker on a :class:`Topology`."""
 
-    def __init__(self, topology: Topology, classifier: Classifier,
+    def __init__(self, topology: Topology, classifier: Classifier | Future[Classifier],
                  metrics: WorkerMetrics | None = None) -> None:
+        """``classifier`` may still be loading (a future): run_worker starts the load once
+        the app is built, so that torch's import (~2 s) overlaps faust's start and the group
+        join instead of preceding them. Predictions wait for it in the inference thread;
+        :meth:`model` awaits it."""
         self.t = topology
         self.settings = s = topology.settings
-        self.classifier = classifier
+        self._model = classifier if isinstance(classifier, Future) else _loaded(classifier)
         self.metrics = metrics or WorkerMetrics()
-        self.metrics.set_model(classifier.version)
-        self.activity = Activity(classifier.version)  # what the status page shows
+        self.activity = Activity()  # what the status page shows; the model once loaded
         # Every dead-letter series exists from the start at 0, so that Prometheus counts the
         # first rejected records as an increase (a series born at N has no increase).
         for topic in (topology.logs, topology.job_events, topology.decide_requests):
@@ -126,7 +130,7 @@ class Pipeline:
         self.metrics.active_windows.set_function(lambda: len(self.cache))
         self.field_map = FieldMap.parse(s.field_map)
         self.batcher: MicroBatcher[LogWindow, Prediction] = MicroBatcher(
-            classifier.predict, s.batch_max_windows, s.batch_max_wait_ms / 1000.0,
+            self._predict, s.batch_max_windows, s.batch_max_wait_ms / 1000.0,
             on_batch=self.metrics.on_batch,
         )
         # r_f and MTTF from the job events of this worker's partitions (exported as metrics).
@@ -173,12 +177,30 @@ class Pipeline:
         app.on_partitions_assigned.connect(self._on_assigned)
         app.on_before_shutdown.connect(self._close_clients)
 
+    @property
+    def classifier(self) -> Classifier:
+        """The model deciding now. Only once loaded (a decision's predictions came from it);
+        before that, await :meth:`model`."""
+        return self._model.result(timeout=0)
+
+    def model_loaded(self) -> bool:
+        """Is the model in (the worker's first load can still be running)?"""
+        return self._model.done()
+
+    async def model(self) -> Classifier:
+        """The model deciding now, once loaded."""
+        return await asyncio.wrap_future(self._model)
+
+    def _predict(self, windows: Sequence[LogWindow]) -> list[Prediction]:
+        """The batcher's function, in the inference thread: waits there for the model's
+        first load, and a batch running while a model is swapped in ends with the old one."""
+        return self._model.result().predict(windows)
+
     def swap_classifier(self, classifier: Classifier,
                         scores: Mapping[str, Any] | None = None) -> None:
         """Use another model from the next micro-batch on (the running batch finishes).
         ``scores``: its gate scores, when known (the status page shows them)."""
-        self.classifier = classifier
-        self.batcher.swap(classifier.predict)
+        self._model = _loaded(classifier)
         self.metrics.set_model(classifier.version)
         self.activity.set_model(classifier.version, scores)
 
@@ -208,8 +230,18 @@ class Pipeline:
         await self.ledger.reader.close()
 
     async def _warm_up(self) -> None:
-        """One prediction on a made-up failure while the worker joins its group, so that the
-        first real decision does not pay the model's one-time costs (~100 ms on CPU)."""
+        """Once the model is loaded, one prediction on a made-up failure while the worker
+        joins its group, so that the first real decision does not pay the model's one-time
+        costs (~100 ms on CPU). A model that cannot be loaded stops the worker: it could
+        decide nothing."""
+        try:
+            classifier = await self.model()
+        except Exception as exc:  # noqa: BLE001 - ModelLoadError says what and where
+            log.critical("the model could not be loaded, the worker stops: %s", exc)
+            await self.t.app.crash(exc)
+            return
+        self.metrics.set_model(classifier.version)
+        self.activity.set_model(classifier.version)
         lines = [f"step {i} loss 0.{i:04d}" for i in range(64)] + [
             "Traceback (most recent call last):", "RuntimeError: CUDA error: out of memory"]
         try:
@@ -539,9 +571,13 @@ class Pipeline:
             # restart or a rebalance its backlog is new to it, however old the termination.
             owned_since = self._assigned_at.get(partition_of(job_id, self.settings.partitions),
                                                 0.0)
-            if (max(pending["deadline"], owned_since) + CATCH_UP_LIMIT_S > now
-                    and not await self._logs_taken(job_id, pending.get("log_end"))):
-                continue
+            if not await self._logs_taken(job_id, pending.get("log_end")):
+                waited = now - max(pending["deadline"], owned_since)
+                if waited < CATCH_UP_LIMIT_S:
+                    continue
+                log.warning("deciding %s attempt %s before ingest took its log to the end "
+                            "(%.0f s past its grace period): its window may be short",
+                            job_id, attempt, waited)
             await self._request_decision(job_id, attempt)
 
     async def _logs_taken(self, job_id: str, log_end: int | None) -> bool:
@@ -695,3 +731,10 @@ class Pipeline:
         if failures == len(to_classify):
             return None
         return alone
+
+
+def _loaded(classifier: Classifier) -> Future[Classifier]:
+    """A model in hand, as the future :class:`Pipeline` keeps."""
+    future: Future[Classifier] = Future()
+    future.set_result(classifier)
+    return future

@@ -67,7 +67,7 @@ def raw_table(app: Any, settings: Settings, name: str) -> Any:
 
 def build_app(settings: Settings) -> Topology:
     """The app, topics and tables of a worker (no agents yet)."""
-    store = "memory://" if settings.store == "memory" else f"{stores.SCHEME}://"
+    store = f"{stores.MEMORY_SCHEME if settings.store == 'memory' else stores.SCHEME}://"
     app = SibyllaApp(
         settings.group_id,
         broker=settings.broker_url,

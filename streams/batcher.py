@@ -47,10 +47,6 @@ class MicroBatcher(Generic[In, Out]):
         # One thread: batches run in order and a GPU sees one stream of work.
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="sibylla-infer")
 
-    def swap(self, fn: Callable[[Sequence[In]], list[Out]]) -> None:
-        """Replace the batch function; the batch running now finishes with the old one."""
-        self._fn = fn
-
     async def warm_up(self, items: Sequence[In]) -> None:
         """Run the model once on ``items`` in its thread, outside the metrics: the first call
         of a model pays one-time costs (lazy initialisation, kernels for new shapes) that

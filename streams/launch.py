@@ -52,6 +52,7 @@ class WorkerProcess:
     def _start_once(self, ready_timeout_s: float) -> bool:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         with open(self.log_path, "ab") as out:
+            this_try = out.tell()  # the log is shared by the tries: read only this one's
             self.proc = subprocess.Popen(
                 [sys.executable, "-m", "sibylla", "worker"], stdout=out,
                 stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
@@ -61,8 +62,12 @@ class WorkerProcess:
         deadline = time.monotonic() + ready_timeout_s
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
-                if "address already in use" in self.tail():
-                    return False
+                # Searched in all this try wrote: the shutdown that follows the bind error
+                # logs more than a tail's worth.
+                with open(self.log_path, "rb") as log_file:
+                    log_file.seek(this_try)
+                    if b"address already in use" in log_file.read():
+                        return False
                 raise RuntimeError(f"worker exited with {self.proc.returncode}:\n{self.tail()}")
             try:
                 if mine in self.metrics_text():

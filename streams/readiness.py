@@ -11,13 +11,15 @@ Faust has no public "ready" flag, so this reads the pieces it exposes (faust-str
 recovery that follows it has finished (or was not needed), ``app.in_recovery`` is true while
 changelogs are replayed, ``app.tables.recovery.completed`` is set after the first recovery,
 and ``app.assignor.assigned_actives()`` holds the partitions this worker owns. Ready means:
-the latest rebalance has completed its recovery, and at least one partition of the logs topic
-is assigned here. The test of ``/ready`` against a real broker fails if faust changes these.
+the model is loaded (it loads while the worker joins its group), the latest rebalance has
+completed its recovery, and at least one partition of the logs topic is assigned here. The
+test of ``/ready`` against a real broker fails if faust changes these.
 """
 
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -38,11 +40,13 @@ class ReadyState:
 
 
 class Readiness:
-    """Readiness of the worker running ``app``, for the partitions of ``topic``."""
+    """Readiness of the worker running ``app``, for the partitions of ``topic``, once
+    ``model_loaded()``."""
 
-    def __init__(self, app: Any, topic: str) -> None:
+    def __init__(self, app: Any, topic: str, model_loaded: Callable[[], bool]) -> None:
         self.app = app
         self.topic = topic
+        self.model_loaded = model_loaded
         self._started = time.monotonic()
         self._completed_rebalance = -1  # rebalancing_count when recovery last completed
         self.ready_after_s: float | None = None
@@ -50,7 +54,7 @@ class Readiness:
 
     async def _on_rebalance_complete(self, sender: Any, **_: Any) -> None:
         self._completed_rebalance = self.app.rebalancing_count
-        if self.ready_after_s is None and self._partitions():
+        if self.ready_after_s is None and self._check()[0]:
             # Timed here, not when first asked: nobody may ask until the next scrape.
             self.ready_after_s = round(time.monotonic() - self._started, 3)
 
@@ -75,4 +79,6 @@ class Readiness:
         partitions = self._partitions()
         if not partitions:
             return False, "no partitions assigned (more workers than partitions?)", []
+        if not self.model_loaded():
+            return False, "loading the model", []
         return True, f"serving {len(partitions)} partition(s)", partitions

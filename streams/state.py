@@ -15,10 +15,12 @@ from sibylla.streams.keys import partition_of, split_key
 from sibylla.streams.window import TailWindow
 from sibylla.streams.window_store import WindowStore
 
-__all__ = ["WindowCache", "live_get", "live_items", "live_items_of"]
+__all__ = ["WindowCache", "key_text", "live_get", "live_items", "live_items_of"]
 
 
-def _text(key: Any) -> str:
+def key_text(key: Any) -> str:
+    """A table key as text: the RocksDB store gives keys back as bytes (the tables' key type),
+    the worker writes them as str."""
     return key.decode() if isinstance(key, bytes) else key
 
 
@@ -34,14 +36,14 @@ def live_items(table: Any) -> Iterator[tuple[str, bytes]]:
     as non-bytes values."""
     for key, value in list(table.items()):
         if isinstance(value, bytes) and value:
-            yield _text(key), value
+            yield key_text(key), value
 
 
 def live_items_of(table: Any, partition: int, partitions: int) -> Iterator[tuple[str, bytes]]:
     """The live items of one partition's attempts (attempt keys). Keys are filtered before any
     value is read: with the RocksDB store each value is a read, and sweeps run per partition."""
     for raw_key in list(table.keys()):
-        key = _text(raw_key)
+        key = key_text(raw_key)
         if partition_of(split_key(key)[0], partitions) == partition:
             value = table.get(raw_key)
             if isinstance(value, bytes) and value:

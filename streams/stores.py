@@ -1,5 +1,7 @@
-"""faust's RocksDB table store without a full garbage collection per table per rebalance, and
-with buffers sized for many small databases (:data:`OPTIONS`).
+"""faust's table stores, with what a worker needs changed.
+
+:class:`Store`: faust's RocksDB store without a full garbage collection per table per
+rebalance, and with buffers sized for many small databases (:data:`OPTIONS`).
 
 faust's ``rocksdb.Store.revoke_partitions`` runs ``gc.collect()`` every time, for every table,
 whether or not it closed a database: its purpose is to free the handles of the databases it
@@ -11,18 +13,31 @@ been given them. (Seen in a py-spy profile of a worker start: 532 of 2,428 sampl
 
 :class:`Store` collects only when it dropped a database, which keeps what the collection is
 for. It is registered as the ``sibylla`` store (``sibylla://``), chosen by ``app.build_app``.
+
+:class:`MemoryStore`: faust's in-memory store, keyed as the worker writes. A worker's tables
+declare ``bytes`` keys (their changelogs keep keys raw) and are written with ``str`` keys; the
+RocksDB store encodes either to the same bytes, but faust's memory store keeps whatever it is
+given: str keys from the worker's writes, bytes keys from changelog recovery. A worker that
+took a partition over then looked up str keys among bytes ones and found nothing: its pending
+decisions were never made (the timer saw them, the decide agent did not) and its windows lost
+their completed chunks. Seen as decisions missing for two minutes when a second worker joined
+while the first had terminations pending. It is the ``sibylla-memory`` store.
 """
 
 from __future__ import annotations
 
 import gc
+from collections.abc import Callable, Iterable
 from typing import Any
 
-from faust.stores import STORES, rocksdb
+from faust.stores import STORES, memory, rocksdb
 
-__all__ = ["SCHEME", "Store"]
+from sibylla.streams.state import key_text
+
+__all__ = ["MEMORY_SCHEME", "SCHEME", "MemoryStore", "Store"]
 
 SCHEME = "sibylla"
+MEMORY_SCHEME = "sibylla-memory"
 
 
 # faust opens every table partition's database with 64 MiB write buffers (three of them) and a
@@ -52,4 +67,13 @@ class Store(rocksdb.Store):
             gc.collect()  # frees the dropped handles so that the partition can reopen
 
 
+class MemoryStore(memory.Store):
+    """faust's memory store, its recovered keys as text (see the module docstring)."""
+
+    def apply_changelog_batch(self, batch: Iterable[Any], to_key: Callable[[Any], Any],
+                              to_value: Callable[[Any], Any]) -> None:
+        super().apply_changelog_batch(batch, lambda key: key_text(to_key(key)), to_value)
+
+
 STORES.aliases[SCHEME] = f"{__name__}:Store"
+STORES.aliases[MEMORY_SCHEME] = f"{__name__}:MemoryStore"

@@ -12,7 +12,9 @@ A worker holds a window per running attempt (10,000 of 200 lines in the pipeline
 the tail is kept compact: the newest lines as strings, older ones in zlib-compressed blocks of
 :data:`BLOCK_LINES` lines with each line's size beside them (eviction needs sizes, not text).
 As one Python string each, 10,000 windows of the benchmark's lines held ~260 MiB; compressed,
-about a third of that (level 1: ~1 us of CPU per line, once).
+about a third of that (level 1: ~1 us of CPU per line, once). Lines are compressed by
+:meth:`TailWindow.compact`, which the window store calls once it has saved them: compressed as
+they arrived, a LogBatch record's lines were decompressed again by the save that followed.
 
 Persisting windows (incrementally, in chunks) is :mod:`sibylla.streams.window_store`'s job.
 """
@@ -82,7 +84,8 @@ class TailWindow:
     """What is kept of one job attempt's output. Not thread-safe; owned by one agent.
 
     The tail is ``_blocks`` (compressed, oldest first; the first ``_skip`` lines of the oldest
-    already evicted) followed by ``_open`` (the newest lines, fewer than :data:`BLOCK_LINES`).
+    already evicted) followed by ``_open`` (the newest lines: fewer than :data:`BLOCK_LINES`
+    after :meth:`compact`, whatever arrived since before it; the limits bound them either way).
     """
 
     __slots__ = ("limits", "_blocks", "_skip", "_open", "tail_len", "tail_bytes", "first_error",
@@ -151,10 +154,8 @@ class TailWindow:
         open_, blocks = self._open, self._blocks
         size, length = self.tail_bytes, self.tail_len
         count = 0
-        number = self.line_count  # of the line being appended, among all the attempt printed
         for line in lines:
             count += 1
-            number += 1
             n = _size(line)
             if n > max_bytes:  # a single line larger than the window keeps its end
                 # cut in bytes, not characters: cut by characters, a line of multi-byte
@@ -183,12 +184,24 @@ class TailWindow:
                         self._skip = 0
                 else:
                     size -= _size(open_.pop(0))
-            if number % BLOCK_LINES == 0 and open_:
-                blocks.append(_compress(open_))
-                open_.clear()
         self.tail_bytes, self.tail_len = size, length
         self.line_count += count
         self.last_seen = now
+
+    def compact(self) -> None:
+        """Compress the open lines up to the last multiple of :data:`BLOCK_LINES` among the
+        attempt's line numbers into blocks ending at such multiples (the window store's
+        chunks divide them: a save reads the chunk still filling uncompressed)."""
+        open_ = self._open
+        done = len(open_) - self.line_count % BLOCK_LINES
+        if done <= 0:
+            return
+        at = 0
+        # The first block may be short: its first lines were evicted before it closed.
+        for end in range(done % BLOCK_LINES or BLOCK_LINES, done + 1, BLOCK_LINES):
+            self._blocks.append(_compress(open_[at:end]))
+            at = end
+        del open_[:done]
 
     def to_log_window(self, job_id: str, attempt: int) -> LogWindow:
         return LogWindow(job_id, attempt, self.tail, list(self.first_error),
@@ -208,6 +221,7 @@ class TailWindow:
         window.fe_state = _FE_CLOSED  # the block is restored as saved, not re-detected
         window.line_count = line_count - len(tail)  # blocks end at the same line numbers
         window.extend(tail, last_seen)
+        window.compact()
         window.first_error = first_error[: limits.first_error_max_lines]
         if window.first_error or fe_state == _FE_NONE:
             window.fe_state = fe_state

@@ -49,14 +49,19 @@ class WindowStore:
         self.chunk_lines = chunk_lines
 
     def save(self, key: str, window: TailWindow) -> None:
-        """Persist what changed since the window was last saved."""
+        """Persist what changed since the window was last saved, then let the window
+        compress it (:meth:`TailWindow.compact`: the lines are read before that)."""
         c = self.chunk_lines
         start, count = window.tail_start, window.line_count
         first, filling = start // c, count // c
-        for n in range(max(first, window.saved_lines // c), filling):  # completed since
-            lo = max(n * c, start)
-            lines = window.lines(lo - start, (n + 1) * c - start)
-            self.chunks[_chunk_key(key, n)] = orjson.dumps([lo, lines])
+        new = max(first, window.saved_lines // c)  # the first chunk completed since
+        if new < filling:
+            base = max(new * c, start)
+            completed = window.lines(base - start, filling * c - start)
+            for n in range(new, filling):
+                lo = max(n * c, start)
+                self.chunks[_chunk_key(key, n)] = orjson.dumps(
+                    [lo, completed[lo - base:(n + 1) * c - base]])
         for n in range(window.saved_first_chunk, first):
             self._drop(_chunk_key(key, n))
         open_lo = max(filling * c, start)
@@ -64,6 +69,7 @@ class WindowStore:
             _FORMAT, count, window.tail_len, window.last_seen, window.eos, window.fe_state,
             window.last_offset, window.first_error, open_lo, window.lines(open_lo - start)])
         window.saved_lines, window.saved_first_chunk = count, first
+        window.compact()
 
     def load(self, key: str, header: bytes) -> TailWindow:
         """The window of ``key`` that its header (and chunks) describe."""

@@ -17,7 +17,9 @@ import math
 import os
 import socket
 import sys
+import threading
 import time
+from concurrent.futures import Future
 
 import faust
 from faust.web import Request, Response, View
@@ -46,7 +48,7 @@ MTTF_JOB_NODES = (1, 16, 128, 1024, 2048)  # job sizes the MTTF gauge is project
 
 def _register_pages(pipeline: Pipeline) -> None:
     app, t = pipeline.t.app, pipeline.t
-    readiness = Readiness(app, t.logs.get_topic_name())
+    readiness = Readiness(app, t.logs.get_topic_name(), pipeline.model_loaded)
     pipeline.metrics.ready.set_function(lambda: float(readiness.state().ready))
     worker_name = f"{socket.gethostname()}:{pipeline.settings.web_port} (pid {os.getpid()})"
 
@@ -102,13 +104,30 @@ def _register_reliability(pipeline: Pipeline) -> None:
                 nodes * estimator.gpus_per_node, rate, estimator.gpus_per_node))
 
 
-def build_worker(settings: Settings, classifier: Classifier | None = None) -> Pipeline:
-    """The pipeline with every agent, timer and page registered (not running yet)."""
-    if classifier is None:
-        from sibylla.inference import load_classifier
+def load_in_background(settings: Settings, into: Future[Classifier]) -> None:
+    """Load the configured model into ``into`` in a thread of its own.
 
-        classifier = load_classifier(settings.model_path or None, settings.device,
-                                     settings.min_confidence)
+    torch's import alone is about 2 s of a worker's start; loaded meanwhile, it overlaps
+    faust's start and the group join instead of preceding them. A model that cannot be
+    loaded stops the worker once it is found out (``Pipeline._warm_up``)."""
+
+    def load() -> None:
+        if not into.set_running_or_notify_cancel():
+            return
+        try:
+            from sibylla.inference import load_classifier  # imports torch: in this thread
+
+            into.set_result(load_classifier(settings.model_path or None, settings.device,
+                                            settings.min_confidence))
+        except BaseException as exc:  # noqa: BLE001 - handed to whoever awaits the model
+            into.set_exception(exc)
+
+    threading.Thread(target=load, name="sibylla-model-load", daemon=True).start()
+
+
+def build_worker(settings: Settings, classifier: Classifier | Future[Classifier]) -> Pipeline:
+    """The pipeline with every agent, timer and page registered (not running yet);
+    ``classifier`` may still be loading."""
     pipeline = Pipeline(build_app(settings), classifier)
     pipeline.register()
     register_online_learning(pipeline)
@@ -128,7 +147,11 @@ def run_worker(settings: Settings, classifier: Classifier | None = None) -> int:
     campaign); once running, faust rides out a broker restart by itself."""
     asyncio.run(ensure_topics(settings, settings.broker_wait_s))
     settings.data_dir.mkdir(parents=True, exist_ok=True)
-    pipeline = build_worker(settings, classifier)
+    model: Classifier | Future[Classifier] = classifier if classifier is not None else Future()
+    pipeline = build_worker(settings, model)
+    if isinstance(model, Future):
+        # Only now: loading while the set-up above ran slowed it down as much (the GIL).
+        load_in_background(settings, model)
     log.info("worker settings: %s", settings.redacted())
     worker = faust.Worker(pipeline.t.app, loglevel=settings.log_level.upper(), quiet=True,
                           redirect_stdouts=False, override_logging=False)

@@ -82,11 +82,12 @@ def start_worker(settings: Settings, workdir: Path, name: str = "worker",
 
 
 async def ship_job(shipper: Shipper, job_id: str, log: str | None, state: str,
-                   nodes: tuple[str, ...] = ("gpu-a01",)) -> None:
-    """A job's log (marked end of stream) and its termination event, as a shipper and a
-    scheduler hook would send them."""
+                   nodes: tuple[str, ...] = ("gpu-a01",), eos: bool = True) -> None:
+    """A job's log (marked end of stream unless ``eos`` is false: then the worker waits out
+    the grace period for more) and its termination event, as a shipper and a scheduler hook
+    would send them."""
     if log is not None:
-        await shipper.send_lines(job_id, log.splitlines(), eos=True)
+        await shipper.send_lines(job_id, log.splitlines(), eos=eos)
     await shipper.send_event(JobEvent(job_id, 0, "finished", state,
                                       0 if state == "COMPLETED" else 1, None, nodes, 8))
 

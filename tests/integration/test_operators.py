@@ -124,9 +124,12 @@ def live(broker: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Live
     security = {"SIBYLLA_MODEL_PUBLIC_KEY": public_key, "SIBYLLA_MODEL_ROOTS": str(workdir),
                 "SIBYLLA_OPERATOR_TOKENS_FILE": str(tokens)}
     with start_worker(settings, workdir, extra_env=security) as worker:
-        text = worker.metrics_text()
-        version = re.search(r'sibylla_model_info\{version="([^"]+)"\}', text)
-        assert version, text
+        # The model loads while the worker joins its group: it is named once loaded.
+        deadline = time.monotonic() + 60
+        while (version := re.search(r'sibylla_model_info\{version="([^"]+)"\}',
+                                    text := worker.metrics_text())) is None:
+            assert time.monotonic() < deadline, text
+            time.sleep(0.2)
         decisions = asyncio.run(_scenario(settings, version.group(1), workdir))
         assert set(decisions) == set(FAILED_JOBS), worker.tail()
         base = f"http://127.0.0.1:{worker.settings.web_port}"

@@ -1,4 +1,5 @@
-"""``GET /ready`` and ``sibylla_worker_ready`` against a real broker's consumer group.
+"""``GET /ready`` and ``sibylla_worker_ready`` against a real broker's consumer group, and a
+worker whose model cannot be loaded (it loads while the worker joins the group).
 
 Two workers share a topic of one partition: whichever the group gives the partition to becomes
 ready, the other says it has no partition (it is not ready, and says why); when the ready one
@@ -8,7 +9,11 @@ its first ready answer is reported, not asserted.
 
 from __future__ import annotations
 
+import asyncio
 import json
+import os
+import subprocess
+import sys
 import time
 import urllib.error
 import urllib.request
@@ -18,6 +23,7 @@ from typing import Any
 import pytest
 
 from sibylla.streams.launch import WorkerProcess
+from sibylla.streams.topics import ensure_topics
 from tests.integration.fixtures import make_settings, metric, start_worker
 
 pytestmark = pytest.mark.integration
@@ -87,3 +93,16 @@ def test_only_a_worker_owning_partitions_is_ready_and_a_spare_takes_over(
         for worker in (first, second):
             if worker is not None:
                 worker.stop()
+
+
+def test_a_worker_whose_model_cannot_be_loaded_exits_saying_why(
+        broker: Any, unique_prefix: str, tmp_path: Path) -> None:
+    missing = tmp_path / "no-such-model.pt"
+    settings = make_settings(broker.bootstrap_servers, unique_prefix, tmp_path,
+                             model_path=str(missing))
+    asyncio.run(ensure_topics(settings))
+    done = subprocess.run([sys.executable, "-m", "sibylla", "worker"], capture_output=True,
+                          text=True, timeout=120, env={**os.environ, **settings.to_env()})
+    assert done.returncode != 0
+    assert f"the model could not be loaded, the worker stops: model file not found: " \
+           f"{missing}" in done.stdout + done.stderr

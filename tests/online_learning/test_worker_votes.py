@@ -56,8 +56,12 @@ def fake_pipeline(data_dir: Path = Path("sibylla-data")) -> Any:
         settings=Settings.from_env({}, data_dir=data_dir),
         t=SimpleNamespace(app=FakeApp(), labels=labels),
         metrics=SimpleNamespace(registry=CollectorRegistry()), decided_hooks=[],
-        classifier=SimpleNamespace(version="v0"), swapped=[])
+        swapped=[])
     p.in_event = lambda event: None
+
+    async def model() -> Any:
+        return SimpleNamespace(version="v0")
+    p.model = model
     p.swap_classifier = lambda classifier, scores=None: p.swapped.append(classifier)
     return p
 

@@ -35,7 +35,7 @@ def fake_app(assigned: set[TP]) -> Any:
 def test_ready_only_after_the_latest_rebalance_recovered_with_partitions() -> None:
     assigned: set[TP] = set()
     app = fake_app(assigned)
-    readiness = Readiness(app, "sibylla.logs")
+    readiness = Readiness(app, "sibylla.logs", lambda: True)
     assert readiness.state().reason == "waiting for the first partition assignment"
 
     app.rebalancing_count, app.rebalancing = 1, True  # the group hands out partitions
@@ -60,7 +60,7 @@ def test_ready_only_after_the_latest_rebalance_recovered_with_partitions() -> No
 
 def test_a_recovery_in_progress_is_not_ready() -> None:
     app = fake_app({TP("sibylla.logs", 0)})
-    readiness = Readiness(app, "sibylla.logs")
+    readiness = Readiness(app, "sibylla.logs", lambda: True)
     app.rebalancing_count = 1
     app.on_rebalance_complete.send()
     assert readiness.state().reason == "recovering tables from their changelogs"
@@ -69,3 +69,18 @@ def test_a_recovery_in_progress_is_not_ready() -> None:
     assert readiness.state().reason == "recovering tables from their changelogs"
     app.in_recovery = False
     assert readiness.state().ready
+
+
+def test_not_ready_while_the_model_loads() -> None:
+    app = fake_app({TP("sibylla.logs", 1)})
+    loaded = False
+    readiness = Readiness(app, "sibylla.logs", lambda: loaded)
+    app.rebalancing_count = 1
+    app.tables.recovery.completed.set()
+    app.on_rebalance_complete.send()
+    state = readiness.state()
+    assert (state.ready, state.reason, state.ready_after_s) == (False, "loading the model", None)
+    loaded = True
+    state = readiness.state()
+    assert (state.ready, state.partitions) == (True, [1])
+    assert state.ready_after_s is not None

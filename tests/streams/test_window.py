@@ -84,13 +84,19 @@ def test_a_line_longer_than_the_window_keeps_its_end_whatever_its_characters(
 
 @settings(max_examples=200, deadline=None)
 @given(limits=LIMITS, chunks=st.lists(LINES, max_size=5), lo=st.integers(0, 60),
-       width=st.integers(0, 60))
-def test_any_stretch_of_the_tail_reads_back_as_kept(limits, chunks, lo, width) -> None:
-    # The window store persists stretches of the tail; older lines are held compressed.
+       width=st.integers(0, 60), compactions=st.lists(st.booleans(), min_size=5, max_size=5))
+def test_any_stretch_of_the_tail_reads_back_as_kept(limits, chunks, lo, width,
+                                                   compactions) -> None:
+    # The window store persists stretches of the tail; saved lines are then compressed.
     window = TailWindow(limits)
-    for chunk in chunks:
+    reference = TailWindow(limits)  # never compacted
+    for chunk, compact in zip(chunks, compactions, strict=False):
         window.extend(chunk, now=1.0)
+        reference.extend(chunk, now=1.0)
+        if compact:
+            window.compact()
     tail = window.tail
+    assert tail == reference.tail
     assert len(tail) == window.tail_len
     assert window.lines(lo, lo + width) == tail[lo:lo + width]
     if tail:
@@ -110,8 +116,9 @@ def test_a_window_holds_its_text_in_a_fraction_of_the_texts_size() -> None:
     windows = []
     for _ in range(200):
         window = TailWindow(limits)
-        for step in range(0, 400, 20):  # as records arrive: 20 lines at a time
+        for step in range(0, 400, 20):  # as records arrive: 20 lines at a time, each
             window.extend([line(s) for s in range(step, step + 20)], now=1.0)
+            window.compact()  # batch saved by the window store, which then compacts
         windows.append(window)
     held, _ = tracemalloc.get_traced_memory()
     tracemalloc.stop()
