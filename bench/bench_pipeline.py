@@ -312,8 +312,12 @@ class Bench:
             while True:
                 worker.check_alive()
                 m = worker.metrics()
-                if m and ready is None:
+                # Serving: the model is in (it loads while the worker joins its group, after
+                # /metrics is up). Ingest may have begun by then: the lines it had taken are
+                # reported with the baseline.
+                if m.get("sibylla_model_info", 0) >= 1 and ready is None:
                     ready = worker.memory_kib()
+                    lines_then = int(m.get("sibylla_log_lines_ingested_total", 0))
                 if (m.get("sibylla_log_lines_ingested_total", 0) >= lines
                         and m.get("sibylla_active_windows", 0) >= p.memory_jobs):
                     break
@@ -327,9 +331,11 @@ class Bench:
         out = {"store": store, "windows": int(windows), "lines_per_window": p.memory_lines,
                "vm_hwm_mib": round(peak["VmHWM"] / 1024, 1),
                "vm_rss_mib": round(peak["VmRSS"] / 1024, 1),
-               "rss_when_serving_mib": round(ready["VmRSS"] / 1024, 1)}
+               "rss_when_serving_mib": round(ready["VmRSS"] / 1024, 1),
+               "lines_ingested_when_serving": lines_then}
         print(f"  {store}: {out['windows']} windows, peak RSS {out['vm_hwm_mib']} MiB "
-              f"(RSS {out['rss_when_serving_mib']} MiB when it began serving)", flush=True)
+              f"(RSS {out['rss_when_serving_mib']} MiB when it began serving, with "
+              f"{lines_then:,} of {lines:,} lines ingested)", flush=True)
         return out
 
     # ------------------------------------------------------------------------- the run
