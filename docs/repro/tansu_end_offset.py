@@ -8,15 +8,10 @@ One produce request carries one batch of five records; then ListOffsets (latest)
 and the records are read back. See docs/brokers.md for what this breaks.
 """
 
-import asyncio
-import sys
-import tempfile
-from pathlib import Path
 
+from against import run_against_named_broker  # docs/repro/against.py
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
-
-from sibylla.brokers.launchers import apache_kafka, tansu
 
 TOPIC = "repro"
 
@@ -46,11 +41,5 @@ async def probe(bootstrap: str) -> None:
     await consumer.stop()
 
 
-def main() -> None:
-    launch = tansu if sys.argv[1:] == ["tansu"] else apache_kafka
-    with tempfile.TemporaryDirectory() as workdir, launch(Path(workdir)) as broker:
-        asyncio.run(probe(broker.bootstrap_servers))
-
-
 if __name__ == "__main__":
-    main()
+    run_against_named_broker(probe)

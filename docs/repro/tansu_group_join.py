@@ -11,15 +11,11 @@ docs/brokers.md.
 """
 
 import asyncio
-import sys
-import tempfile
 import time
-from pathlib import Path
 
+from against import run_against_named_broker  # docs/repro/against.py
 from aiokafka import AIOKafkaConsumer
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
-
-from sibylla.brokers.launchers import apache_kafka, tansu
 
 TOPIC = "repro"
 REBALANCE_TIMEOUTS_MS = (500, 1000, 3000, 10000)
@@ -48,11 +44,5 @@ async def probe(bootstrap: str) -> None:
         print(f"rebalance timeout {timeout_ms} ms: first assignment after {took:.2f} s")
 
 
-def main() -> None:
-    launch = tansu if sys.argv[1:] == ["tansu"] else apache_kafka
-    with tempfile.TemporaryDirectory() as workdir, launch(Path(workdir)) as broker:
-        asyncio.run(probe(broker.bootstrap_servers))
-
-
 if __name__ == "__main__":
-    main()
+    run_against_named_broker(probe)
