@@ -12,11 +12,17 @@ import functools
 
 from aiokafka.partitioner import murmur2
 
-__all__ = ["attempt_key", "partition_of", "split_key"]
+__all__ = ["attempt_key", "key_text", "partition_of", "split_key"]
 
 
 def attempt_key(job_id: str, attempt: int) -> str:
     return f"{attempt}:{job_id}"
+
+
+def key_text(key: str | bytes) -> str:
+    """A table key as text: the tables declare ``bytes`` keys (their changelogs keep them raw)
+    and RocksDB gives them back so, while the worker writes them as str."""
+    return key.decode() if isinstance(key, bytes) else key
 
 
 def split_key(key: str) -> tuple[str, int]:

@@ -11,17 +11,11 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
-from sibylla.streams.keys import partition_of, split_key
+from sibylla.streams.keys import key_text, partition_of, split_key
 from sibylla.streams.window import TailWindow
 from sibylla.streams.window_store import WindowStore
 
-__all__ = ["WindowCache", "key_text", "live_get", "live_items", "live_items_of"]
-
-
-def key_text(key: Any) -> str:
-    """A table key as text: the RocksDB store gives keys back as bytes (the tables' key type),
-    the worker writes them as str."""
-    return key.decode() if isinstance(key, bytes) else key
+__all__ = ["WindowCache", "live_get", "live_items", "live_items_of"]
 
 
 def live_get(table: Any, key: str) -> bytes | None:

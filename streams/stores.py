@@ -32,7 +32,7 @@ from typing import Any
 
 from faust.stores import STORES, memory, rocksdb
 
-from sibylla.streams.state import key_text
+from sibylla.streams.keys import key_text
 
 __all__ = ["MEMORY_SCHEME", "SCHEME", "MemoryStore", "Store"]
 
