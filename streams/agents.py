@@ -201,6 +201,11 @@ class Pipeline:
         """Use another model from the next micro-batch on (the running batch finishes).
         ``scores``: its gate scores, when known (the status page shows them)."""
         self._model = _loaded(classifier)
+        self._show_model(classifier, scores)
+
+    def _show_model(self, classifier: Classifier,
+                    scores: Mapping[str, Any] | None = None) -> None:
+        """Name the deciding model in the metrics and on the status page."""
         self.metrics.set_model(classifier.version)
         self.activity.set_model(classifier.version, scores)
 
@@ -240,8 +245,7 @@ class Pipeline:
             log.critical("the model could not be loaded, the worker stops: %s", exc)
             await self.t.app.crash(exc)
             return
-        self.metrics.set_model(classifier.version)
-        self.activity.set_model(classifier.version)
+        self._show_model(classifier)
         lines = [f"step {i} loss 0.{i:04d}" for i in range(64)] + [
             "Traceback (most recent call last):", "RuntimeError: CUDA error: out of memory"]
         try:
