@@ -54,8 +54,13 @@ class Readiness:
 
     async def _on_rebalance_complete(self, sender: Any, **_: Any) -> None:
         self._completed_rebalance = self.app.rebalancing_count
+        self.time_if_ready()
+
+    def time_if_ready(self) -> None:
+        """Record when the worker first became ready, if it now is. Called when something
+        readiness waits for arrives (a rebalance completed, the model loaded), not left to the
+        first question: nobody may ask until the next scrape."""
         if self.ready_after_s is None and self._check()[0]:
-            # Timed here, not when first asked: nobody may ask until the next scrape.
             self.ready_after_s = round(time.monotonic() - self._started, 3)
 
     def _partitions(self) -> list[int]:
@@ -64,8 +69,8 @@ class Readiness:
 
     def state(self) -> ReadyState:
         ready, reason, partitions = self._check()
-        if ready and self.ready_after_s is None:
-            self.ready_after_s = round(time.monotonic() - self._started, 3)
+        if ready and self.ready_after_s is None:  # ready by nothing that was announced
+            self.time_if_ready()
         return ReadyState(ready, reason, partitions, self.ready_after_s)
 
     def _check(self) -> tuple[bool, str, list[int]]:

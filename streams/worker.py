@@ -12,6 +12,7 @@ HTTP (faust's web server, on ``web_host:web_port``):
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import math
 import os
@@ -50,6 +51,12 @@ def _register_pages(pipeline: Pipeline) -> None:
     app, t = pipeline.t.app, pipeline.t
     readiness = Readiness(app, t.logs.get_topic_name(), pipeline.model_loaded)
     pipeline.metrics.ready.set_function(lambda: float(readiness.state().ready))
+
+    @app.task
+    async def time_ready_once_the_model_is_in() -> None:
+        with contextlib.suppress(Exception):  # a model that fails stops the worker (_warm_up)
+            await pipeline.model()
+        readiness.time_if_ready()
     worker_name = f"{socket.gethostname()}:{pipeline.settings.web_port} (pid {os.getpid()})"
 
     @app.page("/")

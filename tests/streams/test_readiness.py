@@ -4,6 +4,7 @@ tests/integration/test_readiness.py, cannot stop a worker in the middle of a rec
 from __future__ import annotations
 
 import asyncio
+import time
 from types import SimpleNamespace
 from typing import Any
 
@@ -84,3 +85,20 @@ def test_not_ready_while_the_model_loads() -> None:
     state = readiness.state()
     assert (state.ready, state.partitions) == (True, [1])
     assert state.ready_after_s is not None
+
+
+def test_the_moment_the_model_arrives_is_when_it_became_ready() -> None:
+    app = fake_app({TP("sibylla.logs", 0)})
+    loaded = False
+    readiness = Readiness(app, "sibylla.logs", lambda: loaded)
+    app.rebalancing_count = 1
+    app.tables.recovery.completed.set()
+    app.on_rebalance_complete.send()
+    readiness.time_if_ready()  # told while the model still loads: not ready yet
+    assert readiness.ready_after_s is None
+    loaded = True
+    readiness.time_if_ready()  # the worker's task, once the model is in
+    timed = readiness.ready_after_s
+    assert timed is not None
+    time.sleep(0.05)
+    assert readiness.state().ready_after_s == timed  # not re-timed by the first question
