@@ -72,31 +72,32 @@ def test_a_recovery_in_progress_is_not_ready() -> None:
     assert readiness.state().ready
 
 
-def test_not_ready_while_the_model_loads() -> None:
-    app = fake_app({TP("sibylla.logs", 1)})
-    loaded = False
-    readiness = Readiness(app, "sibylla.logs", lambda: loaded)
+def recovered_while_the_model_loads(partition: int) -> tuple[Readiness, Any]:
+    """A worker whose partition is assigned and recovered; ``model.loaded`` flips the load."""
+    app = fake_app({TP("sibylla.logs", partition)})
+    model = SimpleNamespace(loaded=False)
+    readiness = Readiness(app, "sibylla.logs", lambda: model.loaded)
     app.rebalancing_count = 1
     app.tables.recovery.completed.set()
     app.on_rebalance_complete.send()
+    return readiness, model
+
+
+def test_not_ready_while_the_model_loads() -> None:
+    readiness, model = recovered_while_the_model_loads(1)
     state = readiness.state()
     assert (state.ready, state.reason, state.ready_after_s) == (False, "loading the model", None)
-    loaded = True
+    model.loaded = True
     state = readiness.state()
     assert (state.ready, state.partitions) == (True, [1])
     assert state.ready_after_s is not None
 
 
 def test_the_moment_the_model_arrives_is_when_it_became_ready() -> None:
-    app = fake_app({TP("sibylla.logs", 0)})
-    loaded = False
-    readiness = Readiness(app, "sibylla.logs", lambda: loaded)
-    app.rebalancing_count = 1
-    app.tables.recovery.completed.set()
-    app.on_rebalance_complete.send()
+    readiness, model = recovered_while_the_model_loads(0)
     readiness.time_if_ready()  # told while the model still loads: not ready yet
     assert readiness.ready_after_s is None
-    loaded = True
+    model.loaded = True
     readiness.time_if_ready()  # the worker's task, once the model is in
     timed = readiness.ready_after_s
     assert timed is not None
