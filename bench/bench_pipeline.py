@@ -250,6 +250,7 @@ class Bench:
                       f"{lone['latency_ms']}, max {lone['max_ms']}", flush=True)
 
                 sent: dict[str, float] = {}
+                cpu_before = worker.cpu_s()
                 started = time.perf_counter()
                 for i, (job_id, value) in enumerate(logs.items()):
                     delay = started + i / p.failure_rate - time.perf_counter()
@@ -262,6 +263,8 @@ class Bench:
             while len(sent.keys() - received.keys()) and time.monotonic() < deadline:
                 worker.check_alive()
                 await asyncio.sleep(0.05)
+            busy_s = time.perf_counter() - started
+            cpu_s = worker.cpu_s() - cpu_before
             counters = {k: v for k, v in worker.metrics().items() if k in WORKER_COUNTERS}
         finally:
             follower.cancel()
@@ -277,12 +280,18 @@ class Bench:
             "decided": len(observed), "missing": total - len(observed),
             "event_to_decision_ms": percentiles(observed),
             "decision_latency_ms_field": percentiles(reported),
+            # From the first failure's send to the last decision's receipt: what a failure
+            # costs the worker in all (its lines' ingest, the decision, the model).
+            "worker_cpu_ms_per_failure": round(cpu_s / max(len(observed), 1) * 1000, 2),
+            "worker_cpu_share": round(cpu_s / max(busy_s, 1e-9), 2),
             "missing_job_ids": sorted(sent.keys() - received.keys())[:20],
             "worker_counters_at_end": counters,
         }
         lat = out["event_to_decision_ms"]
         print(f"  {total} failures at {out['achieved_rate_per_s']}/s: p50 {lat['p50']} ms, "
-              f"p99 {lat['p99']} ms, missing {out['missing']}", flush=True)
+              f"p99 {lat['p99']} ms, missing {out['missing']}; worker CPU "
+              f"{out['worker_cpu_ms_per_failure']} ms per failure, "
+              f"{out['worker_cpu_share']:.0%} of a core", flush=True)
         return out
 
     # ------------------------------------------------------------------------- (c) memory
@@ -578,6 +587,8 @@ def print_table(report: dict[str, Any]) -> None:
             ("decision latency_ms p50 / p99",
              f"{d['decision_latency_ms_field']['p50']} / "
              f"{d['decision_latency_ms_field']['p99']}", "the worker's own field"),
+            ("worker CPU per failure (ms)", f"{d['worker_cpu_ms_per_failure']}",
+             f"{d['worker_cpu_share']:.0%} of a core while failures arrived and were decided"),
             ("spawn → first decision (s)", f"{d['first_decision_after_spawn_s']:.2f}", ""),
             ("lone eos failure latency_ms, max",
              f"{d['lone_failures']['max_ms']}",
