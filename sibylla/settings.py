@@ -95,6 +95,10 @@ class Settings:
         "previous one ran (a lone failure is never held).", min=0.0
     )
     device: DeviceChoice = setting("auto", "auto picks CUDA when present, else CPU.")
+    cpu_threads: int = setting(
+        1, "Threads of a forward pass on CPU. A worker's batches are small: a second thread "
+        "gains little and takes a core from the event loop that feeds the model.", min=1
+    )
     model_path: str = setting("", "Model file; empty means the model shipped in the package.")
     min_confidence: float = setting(
         0.0, "Below this confidence the verdict is unknown; 0 means the model's threshold.",

@@ -122,8 +122,11 @@ def load_in_background(settings: Settings, into: Future[Classifier]) -> None:
         if not into.set_running_or_notify_cancel():
             return
         try:
-            from sibylla.inference import load_classifier  # imports torch: in this thread
+            import torch  # about 2 s: in this thread
 
+            from sibylla.inference import load_classifier
+
+            torch.set_num_threads(settings.cpu_threads)
             into.set_result(load_classifier(settings.model_path or None, settings.device,
                                             settings.min_confidence))
         except BaseException as exc:  # noqa: BLE001 - handed to whoever awaits the model
