@@ -90,7 +90,7 @@ class TailWindow:
 
     __slots__ = ("limits", "_blocks", "_skip", "_open", "tail_len", "tail_bytes", "first_error",
                  "fe_state", "line_count", "last_seen", "eos", "last_offset", "saved_lines",
-                 "saved_first_chunk")
+                 "saved_first_chunk", "saved_segments")
 
     def __init__(self, limits: WindowLimits) -> None:
         self.limits = limits
@@ -107,10 +107,11 @@ class TailWindow:
         # Offset of the last log record applied. A job's records all live on one partition,
         # so a replay after a crash is recognised and skipped: the window counts each line once.
         self.last_offset = -1
-        # What the window store has persisted (line_count then, first chunk kept): the next
-        # save writes only what changed since.
+        # What the window store has persisted (line_count then, first chunk kept, the first
+        # chunk of each segment it keeps): the next save writes only what changed.
         self.saved_lines = 0
         self.saved_first_chunk = 0
+        self.saved_segments: deque[int] = deque()
 
     @property
     def tail_start(self) -> int:

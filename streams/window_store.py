@@ -5,17 +5,21 @@ arrives makes the changelog many times larger than the input: with one-line reco
 benchmark measured ~24 KB written per 90-byte line. So a window is stored as
 
 - its lines in *chunks* of ``CHUNK_LINES`` consecutive lines, each written once, when it is
-  complete, keyed by chunk number, and
-- a *header*: counts, flags, the first error block and the lines of the chunk still filling.
+  complete; the chunks one save completes go together, as one *segment* keyed by the first
+  one's number (a LogBatch record of 200 lines completes a dozen chunks: one changelog record
+  instead of a dozen, each of which cost faust's table path and a produce), and
+- a *header*: counts, flags, the first error block, the lines of the chunk still filling and
+  the first chunk number of each segment kept.
 
-A save is then usually one small record (the header), plus one record per chunk completed
-since the last save, plus deletions of chunks that fell out of the tail: the changelog grows
-with the input, and a compacted changelog holds about one window's worth per attempt.
+A save is then usually one small record (the header), plus one segment of the chunks completed
+since the last save, plus deletions of segments whose chunks all fell out of the tail: the
+changelog grows with the input, and a compacted changelog holds about one window's worth per
+attempt.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections import deque
 from typing import Any
 
 import orjson
@@ -27,7 +31,9 @@ __all__ = ["CHUNK_LINES", "WindowStore"]
 # A divisor of the window's compressed blocks, so that a save reads the lines it writes
 # uncompressed (window.BLOCK_LINES).
 CHUNK_LINES = BLOCK_LINES // 2
-_FORMAT = 1  # of the header; bump when its layout changes
+_FORMAT = 2  # of the header; bump when its layout changes
+# Format 1 (before segments): a record per chunk, none listed in the header.
+_READABLE = (1, _FORMAT)
 
 
 def _chunk_key(key: str, n: int) -> str:
@@ -35,7 +41,8 @@ def _chunk_key(key: str, n: int) -> str:
 
 
 class WindowStore:
-    """Windows in two tables (``headers``: attempt key -> header, ``chunks``: key#n -> lines).
+    """Windows in two tables (``headers``: attempt key -> header, ``chunks``: key#n -> the
+    lines of the segment that starts at chunk n).
 
     The tables are faust tables in a worker and plain dicts in unit tests; writes must happen
     where faust allows them (in an agent, in the event context of the job's partition).
@@ -54,53 +61,62 @@ class WindowStore:
         c = self.chunk_lines
         start, count = window.tail_start, window.line_count
         first, filling = start // c, count // c
+        segments = window.saved_segments
         new = max(first, window.saved_lines // c)  # the first chunk completed since
         if new < filling:
-            base = max(new * c, start)
-            completed = window.lines(base - start, filling * c - start)
-            for n in range(new, filling):
-                lo = max(n * c, start)
-                self.chunks[_chunk_key(key, n)] = orjson.dumps(
-                    [lo, completed[lo - base:(n + 1) * c - base]])
+            lo = max(new * c, start)
+            self.chunks[_chunk_key(key, new)] = orjson.dumps(
+                [lo, window.lines(lo - start, filling * c - start)])
+            segments.append(new)
+        # A segment goes once every chunk of it left the tail (it ends where the next begins;
+        # the newest, where the complete chunks end).
+        while segments and (segments[1] if len(segments) > 1 else filling) <= first:
+            self._drop(_chunk_key(key, segments.popleft()))
+        # Other keys below the tail: chunks of a window saved by format 1, or a segment a save
+        # wrote before a crash whose replay keyed the same lines otherwise.
         for n in range(window.saved_first_chunk, first):
-            self._drop(_chunk_key(key, n))
+            if n not in segments:
+                self._drop(_chunk_key(key, n))
         open_lo = max(filling * c, start)
         self.headers[key] = orjson.dumps([
             _FORMAT, count, window.tail_len, window.last_seen, window.eos, window.fe_state,
-            window.last_offset, window.first_error, open_lo, window.lines(open_lo - start)])
+            window.last_offset, window.first_error, open_lo, window.lines(open_lo - start),
+            list(segments)])
         window.saved_lines, window.saved_first_chunk = count, first
         window.compact()
 
     def load(self, key: str, header: bytes) -> TailWindow:
         """The window of ``key`` that its header (and chunks) describe."""
         fields = orjson.loads(header)
-        if fields[0] != _FORMAT:
-            raise ValueError(f"window header format {fields[0]} is not {_FORMAT}")
-        (_, count, tail_len, last_seen, eos, fe_state, last_offset, first_error, open_lo,
-         open_lines) = fields
+        if fields[0] not in _READABLE:
+            raise ValueError(f"window header format {fields[0]} is not one of {_READABLE}")
+        (count, tail_len, last_seen, eos, fe_state, last_offset, first_error, open_lo,
+         open_lines) = fields[1:10]
+        c = self.chunk_lines
         start = count - tail_len
-        tail = [line for index, line in self._chunk_lines(key, start, count) if index >= start]
+        listed = fields[10] if fields[0] >= 2 else range(start // c, count // c)
+        tail: list[str] = []
+        segments: deque[int] = deque()
+        for n in listed:
+            raw = self.chunks.get(_chunk_key(key, n))
+            if not isinstance(raw, bytes):
+                continue  # format 1: a chunk never written (evicted before it completed)
+            lo, lines = orjson.loads(raw)
+            tail.extend(lines[max(0, start - lo):])
+            segments.append(n)
         tail.extend(open_lines[max(0, start - open_lo):])
         window = TailWindow.restore(self.limits, tail, first_error, fe_state, count, last_seen,
                                     eos, last_offset)
-        window.saved_lines, window.saved_first_chunk = count, start // self.chunk_lines
+        window.saved_lines, window.saved_first_chunk = count, start // c
+        window.saved_segments = segments
         return window
-
-    def _chunk_lines(self, key: str, start: int, count: int) -> Iterator[tuple[int, str]]:
-        """(index, line) of the completed chunks that hold tail lines."""
-        c = self.chunk_lines
-        for n in range(start // c, count // c):
-            raw = self.chunks.get(_chunk_key(key, n))
-            if not isinstance(raw, bytes):
-                continue  # never written: evicted before it completed
-            lo, lines = orjson.loads(raw)
-            yield from enumerate(lines, lo)
 
     def delete(self, key: str, window: TailWindow | None) -> None:
         """Forget an attempt's window (decided, completed or expired)."""
         if window is not None:
             c = self.chunk_lines
-            for n in range(window.saved_first_chunk, window.saved_lines // c):
+            for n in sorted(set(window.saved_segments).union(
+                    range(window.saved_first_chunk, window.saved_lines // c))):
                 self._drop(_chunk_key(key, n))
         self._drop(key, self.headers)
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import orjson
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -92,3 +93,68 @@ def test_a_window_restored_again_and_again_goes_on_like_one_never_restored(
         assert restored.tail == live.tail
         assert restored.line_count == live.line_count
         assert restored.tail_bytes == live.tail_bytes
+
+
+def test_a_logbatch_record_of_many_chunks_is_saved_as_one_chunk_record() -> None:
+    """A shipper's LogBatch of 250 lines completes 15 chunks: they reach the changelog as one
+    record, not fifteen."""
+    limits = WindowLimits(max_lines=256, max_bytes=1 << 20, first_error_max_lines=4)
+    writes: list[str] = []
+
+    class Recording(dict):
+        def __setitem__(self, key, value):
+            writes.append(key)
+            super().__setitem__(key, value)
+
+    store = WindowStore({}, Recording(), limits, chunk_lines=16)
+    window = TailWindow(limits)
+    window.extend([f"step {i} loss 0.{i:04d}" for i in range(250)], now=0.0)
+    store.save("0:j", window)
+    assert writes == ["0:j#0"]
+    assert list(store.load("0:j", store.headers["0:j"]).tail) == list(window.tail)
+
+
+@settings(max_examples=300, deadline=None)
+@given(limits=LIMITS, batches=CHUNKS, chunk_lines=st.integers(1, 8),
+       crash_after=st.integers(0, 11), merged=st.booleans())
+def test_a_replay_after_a_crash_leaves_no_chunk_behind(limits, batches, chunk_lines,
+                                                       crash_after, merged) -> None:
+    # A worker saves a few batches, then dies before its consumer offset moved: the next one
+    # restores the window from the header it last committed with and takes the same records
+    # again, maybe in one batch (segments then start at other chunks than before the crash).
+    store = _store(limits, chunk_lines)
+    live = TailWindow(limits)
+    committed = None
+    for i, batch in enumerate(batches):
+        live.extend(batch, now=i)
+        store.save("0:job", live)
+        if i == min(crash_after, len(batches) - 1):
+            committed = (i, store.headers["0:job"])
+    assert committed is not None
+    done, header = committed
+    again = store.load("0:job", header)
+    replay = batches[done + 1:]
+    for batch in ([[line for b in replay for line in b]] if merged and replay else replay):
+        again.extend(batch, now=0)
+        store.save("0:job", again)
+    assert again.tail == live.tail
+    assert store.load("0:job", store.headers["0:job"]).tail == live.tail
+    store.delete("0:job", again)
+    assert store.headers == {} and store.chunks == {}
+
+
+def test_windows_saved_before_segments_load_and_are_deleted_whole() -> None:
+    """A worker upgraded over a store written by the previous release (format 1: a record per
+    chunk, the header lists none) reads its windows and frees their chunks."""
+    limits = WindowLimits(max_lines=50, max_bytes=10_000, first_error_max_lines=2)
+    lines = [f"line {i}" for i in range(42)]
+    chunks = {f"0:job#{n}": orjson.dumps([4 * n, lines[4 * n:4 * n + 4]]) for n in range(10)}
+    headers = {"0:job": orjson.dumps([1, 42, 42, 5.0, False, 0, 7, [], 40, lines[40:]])}
+    store = WindowStore(headers, chunks, limits, chunk_lines=4)
+    window = store.load("0:job", headers["0:job"])
+    assert window.tail == lines and window.last_offset == 7
+    window.extend([f"more {i}" for i in range(30)], now=6.0)  # the oldest chunks leave the tail
+    store.save("0:job", window)
+    assert "0:job#0" not in chunks and store.load("0:job", headers["0:job"]).tail == window.tail
+    store.delete("0:job", window)
+    assert headers == {} and chunks == {}
