@@ -250,7 +250,7 @@ class Bench:
                       f"{lone['latency_ms']}, max {lone['max_ms']}", flush=True)
 
                 sent: dict[str, float] = {}
-                cpu_before = worker.cpu_s()
+                cpu_before, stages_before = worker.cpu_s(), decision_stages(worker)
                 started = time.perf_counter()
                 for i, (job_id, value) in enumerate(logs.items()):
                     delay = started + i / p.failure_rate - time.perf_counter()
@@ -265,6 +265,7 @@ class Bench:
                 await asyncio.sleep(0.05)
             busy_s = time.perf_counter() - started
             cpu_s = worker.cpu_s() - cpu_before
+            stages = decision_stages(worker, stages_before)
             counters = {k: v for k, v in worker.metrics().items() if k in WORKER_COUNTERS}
         finally:
             follower.cancel()
@@ -284,6 +285,7 @@ class Bench:
             # costs the worker in all (its lines' ingest, the decision, the model).
             "worker_cpu_ms_per_failure": round(cpu_s / max(len(observed), 1) * 1000, 2),
             "worker_cpu_share": round(cpu_s / max(busy_s, 1e-9), 2),
+            "decision_stage_mean_ms": stages,
             "missing_job_ids": sorted(sent.keys() - received.keys())[:20],
             "worker_counters_at_end": counters,
         }
@@ -291,7 +293,7 @@ class Bench:
         print(f"  {total} failures at {out['achieved_rate_per_s']}/s: p50 {lat['p50']} ms, "
               f"p99 {lat['p99']} ms, missing {out['missing']}; worker CPU "
               f"{out['worker_cpu_ms_per_failure']} ms per failure, "
-              f"{out['worker_cpu_share']:.0%} of a core", flush=True)
+              f"{out['worker_cpu_share']:.0%} of a core; mean ms by stage {stages}", flush=True)
         return out
 
     # ------------------------------------------------------------------------- (c) memory
@@ -451,6 +453,23 @@ async def follow(settings: Settings, received: dict[str, tuple[float, float]]) -
         await consumer.stop()
 
 
+def decision_stages(worker: Worker, since: dict[str, float] | None = None
+                    ) -> dict[str, float]:
+    """Mean milliseconds of each stage of the decisions made since ``since`` (an earlier
+    return value; None: sums and counts so far, to pass back later)."""
+    series = worker.metrics(by_label=True)
+    found: dict[str, float] = {}
+    for stage in ("waiting", "classifying", "publishing"):
+        for part in ("sum", "count"):
+            found[f"{stage}_{part}"] = series.get(
+                f'sibylla_decision_stage_seconds_{part}{{stage="{stage}"}}', 0.0)
+    if since is None:
+        return found
+    return {stage: round((found[f"{stage}_sum"] - since[f"{stage}_sum"]) * 1000
+                         / max(found[f"{stage}_count"] - since[f"{stage}_count"], 1), 1)
+            for stage in ("waiting", "classifying", "publishing")}
+
+
 def poll_ingest(worker: Worker, lines: int, timeout_s: float, stall_s: float = 15.0
                 ) -> dict[str, float]:
     """Lines/s from the worker's ``sibylla_log_lines_ingested_total``, from its first non-zero
@@ -589,6 +608,9 @@ def print_table(report: dict[str, Any]) -> None:
              f"{d['decision_latency_ms_field']['p99']}", "the worker's own field"),
             ("worker CPU per failure (ms)", f"{d['worker_cpu_ms_per_failure']}",
              f"{d['worker_cpu_share']:.0%} of a core while failures arrived and were decided"),
+            ("waiting / classifying / publishing (ms)",
+             " / ".join(str(v) for v in d["decision_stage_mean_ms"].values()),
+             "mean of each stage of those decisions (sibylla_decision_stage_seconds)"),
             ("spawn → first decision (s)", f"{d['first_decision_after_spawn_s']:.2f}", ""),
             ("lone eos failure latency_ms, max",
              f"{d['lone_failures']['max_ms']}",

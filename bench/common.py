@@ -284,8 +284,9 @@ class Worker:
             tail = self.log_path.read_text(errors="replace")[-3000:]
             raise RuntimeError(f"worker exited with {self.proc.returncode}:\n{tail}")
 
-    def metrics(self) -> dict[str, float]:
-        """Samples of /metrics, labelled series summed per name; empty while not serving."""
+    def metrics(self, by_label: bool = False) -> dict[str, float]:
+        """Samples of /metrics, labelled series summed per name (``by_label``: each series
+        apart, under its name and labels); empty while not serving."""
         try:
             with urllib.request.urlopen(
                     f"http://127.0.0.1:{self.web_port}/metrics", timeout=2) as response:
@@ -296,7 +297,8 @@ class Worker:
         for line in text.splitlines():
             match = _METRIC.match(line)
             if match:
-                out[match[1]] = out.get(match[1], 0.0) + float(match[3])
+                name = match[1] + (match[2] or "") if by_label else match[1]
+                out[name] = out.get(name, 0.0) + float(match[3])
         return out
 
     def cpu_s(self) -> float:

@@ -639,9 +639,11 @@ class Pipeline:
         todo = await self._not_on_topic(partition, todo)
         if not todo:
             return
+        taken_at = time.time()
         predictions = await self._classify([w for (_, _, _, w) in todo.values()])
         if predictions is None:
             return  # the requests stay pending: the timer asks again (REQUEST_RETRY_S)
+        classified_at = time.time()
         version = self.classifier.version
         made = []
         for (key, (event, job, event_time, window)), prediction in zip(
@@ -660,6 +662,7 @@ class Pipeline:
         # Only what the broker holds is marked decided (see the module's docstring). A decision
         # it refused stays pending and is made again.
         outcomes = await asyncio.gather(*(d for *_, d in made), return_exceptions=True)
+        published_at = time.time()
         done: list[tuple[LogWindow, Decision]] = []
         for (key, event, job, window, decision, value, _), outcome in zip(
                 made, outcomes, strict=True):
@@ -672,6 +675,9 @@ class Pipeline:
             if decision.explored:
                 self.metrics.explored.inc()
             self.metrics.decision_latency.observe(decision.latency_ms / 1000.0)
+            self.metrics.waiting.observe(max(0.0, taken_at - todo[key][2]))
+            self.metrics.classifying.observe(classified_at - taken_at)
+            self.metrics.publishing.observe(published_at - classified_at)
             self.activity.on_decision(decision)
             done.append((window, decision))
         for hook in self.decided_hooks if done else ():

@@ -54,6 +54,17 @@ class WorkerMetrics:
         self.decision_latency = Histogram("sibylla_decision_latency_seconds",
                                           "From the termination event to its decision.",
                                           buckets=_LATENCY_BUCKETS, registry=r)
+        # Where a decision's time goes: an operator can tell a worker behind its input
+        # (waiting) from a slow model (classifying) and a slow broker (publishing).
+        stages = Histogram("sibylla_decision_stage_seconds",
+                           "A decision's latency by stage: waiting (from the termination event "
+                           "until its decision is taken up: grace period, the wait for its log, "
+                           "work queued ahead), classifying (micro-batch and model), "
+                           "publishing (until the broker acknowledged it).",
+                           ["stage"], buckets=_LATENCY_BUCKETS, registry=r)
+        self.waiting = stages.labels(stage="waiting")
+        self.classifying = stages.labels(stage="classifying")
+        self.publishing = stages.labels(stage="publishing")
         self.batch_size = Histogram("sibylla_inference_batch_size", "Windows per micro-batch.",
                                     buckets=_BATCH_BUCKETS, registry=r)
         self.batch_latency = Histogram("sibylla_inference_batch_seconds",

@@ -182,6 +182,15 @@ def test_prometheus_scrapes_the_series_an_operator_needs(live: Live, prom: Prome
     assert [_value(s) for s in count] == [len(decisions)]
     buckets = prom.query("sibylla_decision_latency_seconds_bucket")
     assert len(buckets) > 5 and max(_value(s) for s in buckets) == len(decisions)
+    # Where each decision's time went, by stage: the stages add up to its latency (the
+    # decision is stamped after the model answered, before the broker acknowledged it).
+    stages = _by(prom.query("sibylla_decision_stage_seconds_sum"), "stage")
+    assert _by(prom.query("sibylla_decision_stage_seconds_count"), "stage") == {
+        "waiting": len(decisions), "classifying": len(decisions), "publishing": len(decisions)}
+    latency = _value(prom.query("sibylla_decision_latency_seconds_sum")[0])
+    slack = 0.001 * len(decisions)
+    assert stages["waiting"] + stages["classifying"] - slack <= latency
+    assert latency <= sum(stages.values()) + slack
 
     assert _by(prom.query("sibylla_model_info"), "version") == {live.model_version: 1}
     assert _by(prom.wait_for('sibylla_model_announced_info{version="lstm-missing"}'),
