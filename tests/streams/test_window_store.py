@@ -7,7 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from sibylla.streams.window import TailWindow, WindowLimits
-from sibylla.streams.window_store import WindowStore
+from sibylla.streams.window_store import SEGMENT_CHUNKS, WindowStore
 
 LINE = st.text(max_size=60).map(lambda s: s.replace("\n", " "))
 CHUNKS = st.lists(st.lists(LINE, max_size=40), min_size=1, max_size=12)
@@ -95,9 +95,9 @@ def test_a_window_restored_again_and_again_goes_on_like_one_never_restored(
         assert restored.tail_bytes == live.tail_bytes
 
 
-def test_a_logbatch_record_of_many_chunks_is_saved_as_one_chunk_record() -> None:
-    """A shipper's LogBatch of 250 lines completes 15 chunks: they reach the changelog as one
-    record, not fifteen."""
+def test_a_logbatch_record_of_many_chunks_is_saved_in_a_few_records() -> None:
+    """A shipper's LogBatch of 250 lines completes 15 chunks: they reach the changelog as four
+    records of at most SEGMENT_CHUNKS chunks, not fifteen."""
     limits = WindowLimits(max_lines=256, max_bytes=1 << 20, first_error_max_lines=4)
     writes: list[str] = []
 
@@ -110,7 +110,7 @@ def test_a_logbatch_record_of_many_chunks_is_saved_as_one_chunk_record() -> None
     window = TailWindow(limits)
     window.extend([f"step {i} loss 0.{i:04d}" for i in range(250)], now=0.0)
     store.save("0:j", window)
-    assert writes == ["0:j#0"]
+    assert SEGMENT_CHUNKS == 4 and writes == ["0:j#0", "0:j#4", "0:j#8", "0:j#12"]
     assert list(store.load("0:j", store.headers["0:j"]).tail) == list(window.tail)
 
 
