@@ -8,12 +8,15 @@ so a rebalance can drop exactly the ones that moved away.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterator
 from typing import Any
 
 from sibylla.streams.keys import key_text, partition_of, split_key
 from sibylla.streams.window import TailWindow
 from sibylla.streams.window_store import WindowStore
+
+log = logging.getLogger(__name__)
 
 __all__ = ["WindowCache", "live_get", "live_items", "live_items_of"]
 
@@ -59,9 +62,19 @@ class WindowCache:
         return part
 
     def _load(self, partition: int) -> dict[str, TailWindow]:
-        """Windows of ``partition`` that the table holds (after a restart or a rebalance)."""
-        return {key: self.store.load(key, header)
-                for key, header in live_items_of(self.store.headers, partition, self.partitions)}
+        """Windows of ``partition`` that the table holds (after a restart or a rebalance).
+
+        A window that cannot be read (a damaged header, or one a newer release wrote) is left
+        out with a warning: its attempt starts a new window, and one such window never stops
+        the partition's ingest and decisions, which every later batch would crash again."""
+        windows: dict[str, TailWindow] = {}
+        for key, header in live_items_of(self.store.headers, partition, self.partitions):
+            try:
+                windows[key] = self.store.load(key, header)
+            except Exception as exc:  # noqa: BLE001 - whatever the stored bytes hold
+                log.warning("window %s cannot be read, its lines so far are lost: %s: %s",
+                            key, type(exc).__name__, exc)
+        return windows
 
     def get(self, partition: int, key: str) -> TailWindow | None:
         return self._part(partition).get(key)

@@ -30,6 +30,23 @@ def test_after_a_restart_each_partition_finds_exactly_its_windows() -> None:
     assert len(cache) == len(jobs)
 
 
+def test_a_window_that_cannot_be_read_does_not_stop_its_partition(caplog) -> None:
+    # A header damaged, or written by a newer release (a format this one does not know): the
+    # partition's other windows load, and the attempt starts a new window.
+    jobs = [f"job-{i}" for i in range(12)]
+    store = _store_with(jobs)
+    damaged = {jobs[0]: b"not json", jobs[1]: b'[99, "a header from the future"]'}
+    for job, header in damaged.items():
+        store.headers[attempt_key(job, 0)] = header
+    cache = WindowCache(store, PARTITIONS)
+    for job in jobs:
+        window = cache.get(partition_of(job, PARTITIONS), attempt_key(job, 0))
+        assert (window is None) == (job in damaged)
+    fresh = cache.get_or_create(partition_of(jobs[1], PARTITIONS), attempt_key(jobs[1], 0))
+    assert fresh.line_count == 0
+    assert sum("cannot be read" in r.getMessage() for r in caplog.records) == 2
+
+
 def test_a_revoked_partition_is_forgotten_and_reloaded_on_demand() -> None:
     cache = WindowCache(_store_with(["a", "b", "c"]), PARTITIONS)
     p = partition_of("a", PARTITIONS)
