@@ -61,7 +61,10 @@ class Readiness:
         readiness waits for arrives (a rebalance completed, the model loaded), not left to the
         first question: nobody may ask until the next scrape."""
         if self.ready_after_s is None and self._check()[0]:
-            self.ready_after_s = round(time.monotonic() - self._started, 3)
+            self._time_ready()
+
+    def _time_ready(self) -> None:
+        self.ready_after_s = round(time.monotonic() - self._started, 3)
 
     def _partitions(self) -> list[int]:
         return sorted(tp.partition for tp in self.app.assignor.assigned_actives()
@@ -70,7 +73,7 @@ class Readiness:
     def state(self) -> ReadyState:
         ready, reason, partitions = self._check()
         if ready and self.ready_after_s is None:  # ready by nothing that was announced
-            self.time_if_ready()
+            self._time_ready()
         return ReadyState(ready, reason, partitions, self.ready_after_s)
 
     def _check(self) -> tuple[bool, str, list[int]]:
