@@ -270,7 +270,7 @@ class Bench:
                     f"{prefix}-{i}", self.pool.take(f"{prefix}-{i}", p.failure_lines)
                     + failure_tail(i), eos=True) for i in range(total)}
         sent: dict[str, float] = {}
-        cpu_before, stages_before = worker.cpu_s(), decision_stages(worker)
+        cpu_before, stages_before = worker.cpu_s(), stage_totals(worker)
         started = time.perf_counter()
         for i, (job_id, value) in enumerate(logs.items()):
             delay = started + i / rate - time.perf_counter()
@@ -285,7 +285,7 @@ class Bench:
             await asyncio.sleep(0.05)
         busy_s = time.perf_counter() - started
         cpu_s = worker.cpu_s() - cpu_before
-        stages = decision_stages(worker, stages_before)
+        stages = stage_means_ms(stages_before, stage_totals(worker))
         observed = [(received[j][0] - t) * 1000 for j, t in sent.items() if j in received]
         reported = [received[j][1] for j in sent if j in received]
         out = {
@@ -465,21 +465,22 @@ async def follow(settings: Settings, received: dict[str, tuple[float, float]]) -
         await consumer.stop()
 
 
-def decision_stages(worker: Worker, since: dict[str, float] | None = None
-                    ) -> dict[str, float]:
-    """Mean milliseconds of each stage of the decisions made since ``since`` (an earlier
-    return value; None: sums and counts so far, to pass back later)."""
+STAGES = ("waiting", "classifying", "publishing")
+
+
+def stage_totals(worker: Worker) -> dict[str, tuple[float, float]]:
+    """Seconds and decisions so far in each stage of ``sibylla_decision_stage_seconds``."""
     series = worker.metrics(by_label=True)
-    found: dict[str, float] = {}
-    for stage in ("waiting", "classifying", "publishing"):
-        for part in ("sum", "count"):
-            found[f"{stage}_{part}"] = series.get(
-                f'sibylla_decision_stage_seconds_{part}{{stage="{stage}"}}', 0.0)
-    if since is None:
-        return found
-    return {stage: round((found[f"{stage}_sum"] - since[f"{stage}_sum"]) * 1000
-                         / max(found[f"{stage}_count"] - since[f"{stage}_count"], 1), 1)
-            for stage in ("waiting", "classifying", "publishing")}
+    name = "sibylla_decision_stage_seconds"
+    return {stage: (series.get(f'{name}_sum{{stage="{stage}"}}', 0.0),
+                    series.get(f'{name}_count{{stage="{stage}"}}', 0.0)) for stage in STAGES}
+
+
+def stage_means_ms(before: dict[str, tuple[float, float]],
+                   after: dict[str, tuple[float, float]]) -> dict[str, float]:
+    """Mean milliseconds of each stage over the decisions made between two totals."""
+    return {stage: round((after[stage][0] - before[stage][0]) * 1000
+                         / max(after[stage][1] - before[stage][1], 1), 1) for stage in STAGES}
 
 
 def poll_ingest(worker: Worker, lines: int, timeout_s: float, stall_s: float = 15.0
