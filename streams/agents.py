@@ -675,7 +675,8 @@ class Pipeline:
             if decision.explored:
                 self.metrics.explored.inc()
             self.metrics.decision_latency.observe(decision.latency_ms / 1000.0)
-            self.metrics.waiting.observe(max(0.0, taken_at - todo[key][2]))
+            event_time = todo[key][2]
+            self.metrics.waiting.observe(max(0.0, taken_at - event_time))
             self.metrics.classifying.observe(classified_at - taken_at)
             self.metrics.publishing.observe(published_at - classified_at)
             self.activity.on_decision(decision)

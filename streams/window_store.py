@@ -120,8 +120,8 @@ class WindowStore:
         """Forget an attempt's window (decided, completed or expired)."""
         if window is not None:
             c = self.chunk_lines
-            for n in sorted(set(window.saved_segments).union(
-                    range(window.saved_first_chunk, window.saved_lines // c))):
+            for n in set(window.saved_segments).union(
+                    range(window.saved_first_chunk, window.saved_lines // c)):
                 self._drop(_chunk_key(key, n))
         self._drop(key, self.headers)
 
