@@ -111,7 +111,7 @@ class TailWindow:
         # chunk of each segment it keeps): the next save writes only what changed.
         self.saved_lines = 0
         self.saved_first_chunk = 0
-        self.saved_segments: deque[int] = deque()
+        self.saved_segments: list[int] = []  # a deque costs 760 bytes per window empty
 
     @property
     def tail_start(self) -> int:

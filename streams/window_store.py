@@ -20,7 +20,6 @@ attempt.
 
 from __future__ import annotations
 
-from collections import deque
 from typing import Any
 
 import orjson
@@ -76,7 +75,7 @@ class WindowStore:
         # A segment goes once every chunk of it left the tail (it ends where the next begins;
         # the newest, where the complete chunks end).
         while segments and (segments[1] if len(segments) > 1 else filling) <= first:
-            self._drop(_chunk_key(key, segments.popleft()))
+            self._drop(_chunk_key(key, segments.pop(0)))
         # Other keys below the tail: chunks of a window saved by format 1, or a segment a save
         # wrote before a crash whose replay keyed the same lines otherwise.
         for n in range(window.saved_first_chunk, first):
@@ -101,7 +100,7 @@ class WindowStore:
         start = count - tail_len
         listed = fields[10] if fields[0] >= 2 else range(start // c, count // c)
         tail: list[str] = []
-        segments: deque[int] = deque()
+        segments: list[int] = []
         for n in listed:
             raw = self.chunks.get(_chunk_key(key, n))
             if not isinstance(raw, bytes):
