@@ -29,11 +29,13 @@ from typing import Any, TypeVar
 from sibylla.brokers.launchers import tansu
 from sibylla.brokers.process import free_port
 from sibylla.inference.corpus import REAL_FILES, Record, load_records, packaged_path
+from sibylla.inference.preprocess import window_from_text
 from sibylla.inference.train import Example, examples_from_records
 from sibylla.online_learning.service import run_trainer
 from sibylla.online_learning.settings import OnlineSettings
 from sibylla.online_learning.signing import generate_key_pair
 from sibylla.online_learning.store import ModelEntry, ModelStore
+from sibylla.online_learning.votes import error_signature
 from sibylla.schemas.records import Decision, JobEvent, Label, ModelAnnouncement
 from sibylla.settings import Settings
 from sibylla.streams.follow import follow, follow_decisions
@@ -41,7 +43,7 @@ from sibylla.streams.launch import WorkerProcess
 from sibylla.streams.ship import Shipper
 from sibylla.streams.topics import ensure_topics
 
-__all__ = ["isolated", "pick_demo_jobs", "run_demo"]
+__all__ = ["isolated", "pick_demo_jobs", "run_demo", "silent_retries"]
 
 # Real failure logs the shipped model never trained on (its held-out set): the demo's
 # decisions are what a cluster would get, mistakes included.
@@ -123,6 +125,16 @@ async def _decide_all(settings: Settings, jobs: dict[str, Record], timeout_s: fl
     return decided
 
 
+def silent_retries(retried: dict[str, Record]) -> list[str]:
+    """The retried jobs whose outcome casts no vote, so that no label comes for them: a retry
+    that fails again votes only when the two attempts' error lines can be compared
+    (:func:`~sibylla.online_learning.votes.outcome_vote`), and a log with no line that opens
+    an error (a CLI's ``Usage: ...`` / ``Error: No such command``) has none."""
+    return sorted(job_id for job_id, record in retried.items()
+                  if record.label == "deterministic"
+                  and not error_signature(window_from_text(record.log)))
+
+
 async def _retry_and_label(settings: Settings, jobs: dict[str, Record],
                            decided: dict[str, Decision], timeout_s: float) -> int:
     """The scheduler retries what Sibylla did not stop; a transient failure's retry completes,
@@ -137,6 +149,11 @@ async def _retry_and_label(settings: Settings, jobs: dict[str, Record],
             await _ship_attempt(shipper, job_id, 1, record,
                                 completed=record.label == "nondeterministic")
         await shipper.flush()
+    silent = silent_retries(retried)
+    for job_id in silent:
+        print(f"no vote  {job_id:<16} its retry failed again, but no line of its log opens an "
+              "error to compare", flush=True)
+    expected = set(retried) - set(silent)
     labeled: set[str] = set()
 
     async def collect() -> None:
@@ -148,7 +165,7 @@ async def _retry_and_label(settings: Settings, jobs: dict[str, Record],
                                       for v in label.votes)
                     print(f"label  {label.job_id:<18} {label.label:<16} votes: {votes}",
                           flush=True)
-                if labeled == set(retried):
+                if labeled == expected:
                     return
 
     await _within(collect(), timeout_s)
