@@ -11,8 +11,8 @@ Beyond the table, what a user needs before trusting ``do_not_retry``:
 - the cost curve: deterministic precision against abstention as the confidence threshold rises;
 - the operating point cross-fitted by project: for each repository in turn, the threshold is
   chosen on the *other* repositories' logs (the smallest reaching the target precision at its
-  lower confidence bound, else at its point estimate, within the abstention cap) and applied to
-  the held-out repository's logs; the pooled predictions are scored like any row;
+  lower confidence bound, else the one of highest lower bound, within the abstention cap) and
+  applied to the held-out repository's logs; the pooled predictions are scored like any row;
 - the evidence hit rate: on records annotated with their ``cause`` line, how often one of the
   decision's evidence lines contains it.
 """
@@ -126,26 +126,27 @@ class _Grid:
         decided = (self.decided & rows).sum(1)
         det = (self.det & rows).sum(1)
         right = (self.det_right & rows).sum(1)
-        allowed = 1 - decided / n <= max_abstention + 1e-9
-        precision = np.where(det > 0, right / np.maximum(det, 1), 0.0)
-        for rule, ok in (("lower bound", wilson_bounds(right, det)[0] >= target),
-                         ("point estimate", precision >= target)):
-            hits = np.flatnonzero(ok & allowed & (det > 0))
-            if len(hits):
-                return float(_GRID[hits[0]]), rule
+        allowed = (1 - decided / n <= max_abstention + 1e-9) & (det > 0)
+        lower = wilson_bounds(right, det)[0]
+        reached = np.flatnonzero(allowed & (lower >= target))
+        if len(reached):
+            return float(_GRID[reached[0]]), "lower bound"
         candidates = np.flatnonzero(allowed)
         if not len(candidates):
             return float(_GRID[0]), "none allowed"
-        best = candidates[np.argmax(precision[candidates])]  # first (lowest) of the best
-        return float(_GRID[best]), "best precision"
+        # Precision first: short of the target, spend the abstention budget on the surest
+        # do_not_retry (the highest lower bound; the lowest such threshold), not on the first
+        # threshold whose point estimate reaches it, which a few lucky logs decide.
+        best = candidates[np.argmax(lower[candidates])]
+        return float(_GRID[best]), "best lower bound"
 
 
 def choose_operating_threshold(predictions: Sequence[Prediction], records: Sequence[Record],
                                target: float = TARGET_PRECISION,
                                max_abstention: float = MAX_ABSTENTION) -> tuple[float, str]:
     """The smallest confidence threshold whose deterministic precision on ``records`` reaches
-    ``target`` at its 95 % lower bound, else at its point estimate, with at most
-    ``max_abstention`` abstaining; else the one of best precision within that cap."""
+    ``target`` at its 95 % lower bound with at most ``max_abstention`` abstaining; else the
+    one whose lower bound is highest within that cap."""
     return _Grid(predictions, records).choose(np.ones(len(records), bool), target,
                                               max_abstention)
 

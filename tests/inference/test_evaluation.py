@@ -144,9 +144,35 @@ def test_cross_fitted_threshold_is_chosen_without_the_held_out_project() -> None
     out = cross_fitted(predictions, records, target=0.98, max_abstention=0.5)
     assert out["wrong_do_not_retry"] == 1 and out["abstention_rate"] == 0.0
     assert out["projects"] == 21
-    # chosen on everything, the one wrong decision at 0.85 is what the threshold avoids
+    # chosen on everything, the one wrong decision at 0.85 is what the threshold avoids:
+    # 40 right of 40 is short of 0.98 at its lower bound, but the best bound within the cap
     assert choose_operating_threshold(predictions, records, 0.98, 0.5) == (0.86,
-                                                                           "point estimate")
+                                                                           "best lower bound")
+
+
+def test_short_of_the_target_the_threshold_buys_the_surest_do_not_retry() -> None:
+    """No threshold reaches 0.98 at its lower bound here (150 right of 150 is 0.975). The
+    first whose point estimate does (0.5: 180 right of 182) is not taken: the cap is spent on
+    the highest lower bound, past the two wrong do_not_retry at 0.62 and 0.75."""
+    records, predictions = [], []
+
+    def add(project: str, label: str, verdict: str, conf: float) -> None:
+        category = "python_runtime_error" if label == "deterministic" else "connection_error"
+        records.append(Record(f"{len(records)}", f"org/{project}#1", "f", category, label, "x"))
+        predictions.append(_prediction(verdict, conf))
+
+    for k in range(150):
+        add(f"d{k % 30}", "deterministic", "deterministic", 0.9)
+    for k in range(100):
+        add(f"n{k % 10}", "nondeterministic", "nondeterministic", 0.95)
+    for conf in (0.62, 0.75):
+        add("wrong", "nondeterministic", "deterministic", conf)
+    for _ in range(30):
+        add("unsure", "deterministic", "deterministic", 0.55)
+    threshold, rule = choose_operating_threshold(predictions, records, 0.98, 0.2)
+    assert (threshold, rule) == (0.76, "best lower bound")
+    decided = [p.confidence >= threshold for p in predictions]
+    assert not any(d for d, r in zip(decided, records, strict=True) if r.source == "org/wrong#1")
 
 
 def test_evidence_hits_need_the_cause_line() -> None:
