@@ -82,6 +82,9 @@ class TrainConfig:
     target_precision: float = 0.98
     min_threshold: float = 0.6
     max_abstention: float = 0.05  # on validation, whose new phrasings are harder than real logs
+    # Once calibrated, the wide path is fitted again with the validation logs (False: fitted
+    # on the training split only, the recipe of models lines-5565a06840af and before)
+    wide_sees_validation: bool = True
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -200,10 +203,10 @@ def train_model(examples: Sequence[Example | tuple[str, str, str]], config: Trai
             dropout=config.dropout, deep_weight=config.deep_weight))
     train_enc = [encode_window(w, vocab) for w in train_windows]
     val_enc = [encode_window(w, vocab) for w in _windows(val)]
+    written = {id(ex) for ex in train_raw}
+    written_enc = [enc for ex, enc in zip(train, train_enc, strict=True) if id(ex) in written]
     if init_from is None:  # stage 1: the wide path, fitted alone on the logs as written
-        written = {id(ex) for ex in train_raw}
-        _fit_wide_path(model, [enc for ex, enc in zip(train, train_enc, strict=True)
-                               if id(ex) in written], train_raw)
+        _fit_wide_path(model, written_enc, train_raw)
     y_verdict, y_category = _targets(train)
     optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad],
                                   lr=config.lr, weight_decay=config.weight_decay)
@@ -231,6 +234,11 @@ def train_model(examples: Sequence[Example | tuple[str, str, str]], config: Trai
         model.load_state_dict(best_state)
     model.eval()
     meta = _calibrate(model, val_enc, val, config, init_from)
+    if init_from is None and val and config.wide_sees_validation:
+        # Calibrated, the wide path is fitted again on the validation logs too: it is convex
+        # and needs no held-out logs to stop, and every real thread it reads helps on
+        # projects it never saw (docs/classifier.md).
+        _fit_wide_path(model, [*written_enc, *val_enc], [*train_raw, *val])
     records_hash = hashlib.sha256("\n".join(f"{e.label}\t{e.category}\t{e.log}"
                                             for e in exs).encode()).hexdigest()
     meta.update(version=_version(records_hash, config), data_hash=records_hash,
