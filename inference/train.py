@@ -203,9 +203,10 @@ def train_model(examples: Sequence[Example | tuple[str, str, str]], config: Trai
             dropout=config.dropout, deep_weight=config.deep_weight))
     train_enc = [encode_window(w, vocab) for w in train_windows]
     val_enc = [encode_window(w, vocab) for w in _windows(val)]
-    written = {id(ex) for ex in train_raw}
-    written_enc = [enc for ex, enc in zip(train, train_enc, strict=True) if id(ex) in written]
+    written_enc: list[Encoded] = []  # the training logs as written (no augmented copies)
     if init_from is None:  # stage 1: the wide path, fitted alone on the logs as written
+        written = {id(ex) for ex in train_raw}
+        written_enc = [enc for ex, enc in zip(train, train_enc, strict=True) if id(ex) in written]
         _fit_wide_path(model, written_enc, train_raw)
     y_verdict, y_category = _targets(train)
     optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad],
