@@ -32,8 +32,10 @@ from faust.web import Request, Response, View
 from sibylla.inference.api import Classifier, LogWindow, Prediction
 from sibylla.schemas.records import Decision, ModelAnnouncement, RecordError, parse_job_event
 from sibylla.settings import SettingsError
+from sibylla.streams import bulk
 from sibylla.streams.agents import Pipeline
 from sibylla.streams.app import RAW, raw_table
+from sibylla.streams.gaps import ends_on_cancel, finish
 from sibylla.streams.keys import attempt_key
 from sibylla.streams.state import live_get, live_items_of
 
@@ -62,6 +64,7 @@ log = logging.getLogger(__name__)
 
 PRIMARY = "primary"  # committee name of the model that made the decision
 SWEEP_EVERY_S = 600.0  # how often a partition's expired votes are looked for
+OUTCOMES_BATCH = 512  # job events per batch of the outcomes agent
 SEQUENCE_FILE = "model-sequence.json"  # in the worker's data_dir (trust.SequenceFile)
 
 
@@ -160,7 +163,13 @@ class OnlineLearning:
     # ---------------------------------------------------------------- agents
     async def _outcomes(self, stream: Any) -> None:
         """A retry that COMPLETED proves its parent's failure transient."""
-        async for event in stream.events():
+        consumer = self.p.t.app.consumer
+        with ends_on_cancel():
+            async for events in bulk.batches(stream, OUTCOMES_BATCH, within_s=0.0):
+                await finish(bulk.acked(self._outcomes_batch(events), consumer, events))
+
+    async def _outcomes_batch(self, events: Sequence[Any]) -> None:
+        for event in events:
             try:
                 job = parse_job_event(event.message.value)
             except RecordError:
@@ -168,11 +177,12 @@ class OnlineLearning:
             if job.event == "finished" and job.state == "COMPLETED" and job.attempt > 0:
                 self.p.in_event(event)
                 await self._outcome(job.job_id, job.attempt - 1, True, None)
-            partition, now = event.message.partition, time.time()
-            if now - self._last_sweep.get(partition, 0.0) > SWEEP_EVERY_S:
-                self._last_sweep[partition] = now
-                self.p.in_event(event)
-                self.expire(partition, now)
+        event = events[-1]
+        partition, now = event.message.partition, time.time()
+        if now - self._last_sweep.get(partition, 0.0) > SWEEP_EVERY_S:
+            self._last_sweep[partition] = now
+            self.p.in_event(event)
+            self.expire(partition, now)
 
     def expire(self, partition: int, now: float) -> int:
         """Drop the votes of this partition's attempts older than the TTL (in an event of

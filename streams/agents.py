@@ -18,9 +18,9 @@ the broker has acknowledged the decision, because the local store (RocksDB) surv
 that the producer's buffer does not: marked first, a decision killed in the buffer would be
 skipped by every replay.
 
-One record never takes others with it: faust acknowledges a whole ``take_events`` batch when
-the agent leaves it, however it leaves, so every record is handled inside the loop, and one
-that cannot be (whatever it holds) goes to the dead-letter topic with the reason.
+One record never takes others with it: a batch is acknowledged once the agent's work on it has
+ended, however it ended (bulk.py), so every record is handled inside the loop, and one that
+cannot be (whatever it holds) goes to the dead-letter topic with the reason.
 """
 
 from __future__ import annotations
@@ -56,6 +56,7 @@ from sibylla.schemas.records import (
     parse_log_record,
 )
 from sibylla.simulator.reliability import FailureRateEstimator
+from sibylla.streams import bulk
 from sibylla.streams.activity import Activity, DeadLetterNote
 from sibylla.streams.app import Topology
 from sibylla.streams.batcher import MicroBatcher
@@ -79,8 +80,9 @@ log = logging.getLogger(__name__)
 
 INGEST_BATCH = 4096  # messages per ingest batch: one table write per touched window
 INGEST_WITHIN_S = 0.01
+# Terminations and decide requests are taken as they are queued, with no wait for more: a
+# lone failure's decision is not held back, and the micro-batcher forms the model's batches.
 EVENTS_BATCH = 512
-EVENTS_WITHIN_S = 0.01
 SWEEP_EVERY_S = 30.0
 REQUEST_RETRY_S = 10.0  # re-request a decision not made within this (e.g. after a crash)
 CATCH_UP_LIMIT_S = 30.0  # longest wait past the grace period for ingest to catch up
@@ -353,18 +355,18 @@ class Pipeline:
             force=True)
 
     def in_event(self, event: Any) -> None:
-        # faust routes a table write to the changelog partition of the *current event*; in a
-        # take_events() batch the agent's task has none, so name it (same partition: the
-        # agent is isolated per partition). Only the task's context variable is set, never
-        # ``stream.current_event``: take_events' background reader uses that attribute to
-        # pair each buffered value with its event, and overwriting it there loses messages.
+        # faust routes a table write to the changelog partition of the *current event*; an
+        # agent reading batches (bulk.py) has none, so name it (same partition: the agent is
+        # isolated per partition). Only the task's context variable is set: a stream's
+        # ``current_event`` belongs to faust's iterator (the operator-votes agent has one).
         _current_event.set(weakref.ref(event))
 
     # ---------------------------------------------------------------- ingest
     async def _ingest(self, stream: Any) -> None:
+        consumer = self.t.app.consumer
         with ends_on_cancel():
-            async for events in stream.take_events(INGEST_BATCH, INGEST_WITHIN_S):
-                await finish(self._ingest_batch(events))
+            async for events in bulk.batches(stream, INGEST_BATCH, INGEST_WITHIN_S):
+                await finish(bulk.acked(self._ingest_batch(events), consumer, events))
 
     def _parse_log(self, value: bytes | None) -> LogChunk:
         return parse_log_record(value, self.settings.max_line_bytes, self.field_map)
@@ -465,9 +467,10 @@ class Pipeline:
 
     # ---------------------------------------------------------------- terminations
     async def _terminations(self, stream: Any) -> None:
+        consumer = self.t.app.consumer
         with ends_on_cancel():
-            async for events in stream.take_events(EVENTS_BATCH, EVENTS_WITHIN_S):
-                await finish(self._terminations_batch(events))
+            async for events in bulk.batches(stream, EVENTS_BATCH, within_s=0.0):
+                await finish(bulk.acked(self._terminations_batch(events), consumer, events))
 
     async def _terminations_batch(self, events: Sequence[Any]) -> None:
         events = await self._with_missing(events)
@@ -605,13 +608,17 @@ class Pipeline:
         # Take what this partition has buffered; waiting for a batch to fill is the
         # MicroBatcher's job (up to batch_max_wait_ms, across partitions). Waiting here too
         # made a lone failure wait twice that.
+        consumer = self.t.app.consumer
         with ends_on_cancel():
-            async for events in stream.take_events(self.settings.batch_max_windows,
-                                                   EVENTS_WITHIN_S):
-                await finish(self._decide_batch(events))
-                await finish(self._delivered(events))
+            async for events in bulk.batches(stream, self.settings.batch_max_windows,
+                                             within_s=0.0):
+                await finish(bulk.acked(self._decide_batch(events), consumer, events))
 
     async def _decide_batch(self, events: Sequence[Any]) -> None:
+        await self._decide_requested(events)
+        await self._delivered(events)
+
+    async def _decide_requested(self, events: Sequence[Any]) -> None:
         partition = events[0].message.partition
         todo: dict[str, _ToDecide] = {}
         for event in events:

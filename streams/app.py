@@ -14,6 +14,7 @@ import faust
 
 from sibylla.settings import Settings
 from sibylla.streams import stores
+from sibylla.streams.bulk import BulkTopic
 from sibylla.streams.fastpath import SibyllaApp
 
 __all__ = ["Topology", "build_app", "raw_table"]
@@ -95,9 +96,11 @@ def build_app(settings: Settings) -> Topology:
     )
     t = settings.topic
     part = {"partitions": settings.partitions}
-    logs = app.topic(t("logs"), **RAW, **part)
-    job_events = app.topic(t("job-events"), **RAW, **part)
-    decide_requests = app.topic(t("decide-requests"), internal=True, **RAW, **part)
+    # The topics the agents read in batches, without a faust Event per record (bulk.py).
+    logs = BulkTopic(app, topics=[t("logs")], **RAW, **part)
+    job_events = BulkTopic(app, topics=[t("job-events")], **RAW, **part)
+    decide_requests = BulkTopic(app, topics=[t("decide-requests")], internal=True, **RAW,
+                                **part)
     decisions = app.topic(t("decisions"), **RAW, **part)
     deadletter = app.topic(t("deadletter"), **RAW)
     labels = app.topic(t("labels"), **RAW, **part)

@@ -2,9 +2,12 @@
 
 A fault campaign (``bench/chaos.py``) found whole ranges of a partition neither processed nor
 dead-lettered after rebalances: faust stops an isolated partition's actor by cancelling it,
-and ``take_events`` acknowledges every event of the batch the actor was working on (and the
-commit then moves past them) however the actor leaves. Windows deduplicate replays by the
-highest offset applied, so such a hole could never be repaired later.
+and ``take_events`` (which the agents used then) acknowledged every event of the batch the
+actor was working on (and the commit then moved past them) however the actor left. The
+agents' batches (bulk.py) are acknowledged only once their work has ended, but also when it
+failed, and faust's fetch loop drops records below its read offset after a seek. Windows
+deduplicate replays by the highest offset applied, so such a hole could never be repaired
+later.
 
 So each agent that must not lose a record remembers, per partition and in a changelog-backed
 table (it moves with the partition and survives a crash), the offset of the last record it
@@ -27,6 +30,7 @@ from collections.abc import Awaitable, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
+from sibylla.streams.bulk import RecordEvent
 from sibylla.streams.reread import PartitionReader
 from sibylla.streams.state import live_get
 
@@ -49,11 +53,6 @@ class _Message:
     key: bytes | None
     value: bytes | None
     timestamp: float
-
-
-@dataclass(frozen=True, slots=True, weakref_slot=True)  # agents hold a weakref (in_event)
-class _Event:
-    message: _Message
 
 
 class GapFiller:
@@ -131,10 +130,11 @@ class GapFiller:
             expected = max(expected, offset + 1)  # a replay may go back: no hole there
         return out
 
-    async def _fetch(self, topic: str, partition: int, start: int, end: int) -> list[_Event]:
+    async def _fetch(self, topic: str, partition: int, start: int, end: int
+                     ) -> list[RecordEvent]:
         """Records ``start`` (inclusive) to ``end`` (exclusive) of a partition, as events."""
         records = await self.reader.read_range(topic, partition, start, end)
-        return [_Event(_Message(topic, partition, r.offset, r.key, r.value, r.timestamp))
+        return [RecordEvent(_Message(topic, partition, r.offset, r.key, r.value, r.timestamp))
                 for r in records]
 
 

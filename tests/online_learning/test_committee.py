@@ -16,7 +16,7 @@ from sibylla.online_learning.worker import OnlineLearning
 from sibylla.settings import SettingsError
 from tests.online_learning.test_worker_votes import (
     ERROR,
-    Stream,
+    batch,
     decision,
     fake_pipeline,
     labels,
@@ -69,7 +69,7 @@ async def test_every_member_votes_and_the_label_carries_their_votes() -> None:
     await ol.on_decided([(LogWindow("job", 0, ERROR, ERROR), decision(0, "deterministic", 0.9))])
     done = orjson.dumps({"job_id": "job", "attempt": 1, "event": "finished",
                          "state": "COMPLETED"})
-    await ol._outcomes(Stream(done))
+    await ol._outcomes_batch(batch(done))
     [label] = labels(p.t.labels)
     assert label.label == "nondeterministic"  # the outcome outweighs three models
     sources = {v.source: v.label for v in label.votes}

@@ -82,9 +82,15 @@ def labels(topic: FakeTopic) -> list[Label]:
     return [Label.from_json(v) for _, v in topic.sent]
 
 
+def batch(*values: bytes) -> list[Any]:
+    """Records of partition 0 as an agent's batch holds them."""
+    return [SimpleNamespace(message=SimpleNamespace(value=value, partition=0))
+            for value in values]
+
+
 async def events(*values: bytes) -> AsyncIterator[Any]:
-    for value in values:
-        yield SimpleNamespace(message=SimpleNamespace(value=value, partition=0))
+    for event in batch(*values):
+        yield event
 
 
 class Stream:
@@ -112,7 +118,7 @@ async def test_a_completed_retry_labels_nondeterministic_against_a_confident_mod
     await ol.on_decided([(LogWindow("job", 0, ERROR, ERROR), decision(0, "deterministic", 1.0))])
     done = orjson.dumps({"job_id": "job", "attempt": 1, "event": "finished",
                          "state": "COMPLETED"})
-    await ol._outcomes(Stream(b"not json", done))
+    await ol._outcomes_batch(batch(b"not json", done))
     [label] = labels(topic)
     assert label.label == "nondeterministic"
     assert {v.source for v in label.votes} == {"outcome", "model:primary"}
