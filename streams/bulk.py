@@ -1,6 +1,6 @@
-"""Log records taken from faust's consumer in batches, without a faust Event per record.
+"""Records taken from faust's consumer in batches, without a faust Event per record.
 
-One-line records (what syslog-ng, rsyslog and Fluent Bit send) cost the worker ~100-170 µs of
+One-line log records (what syslog-ng, rsyslog and Fluent Bit send) cost the worker ~100-170 µs of
 CPU each where a bare aiokafka loop spends 2-5 µs. Most of it was faust's per-record path
 after the fetch: the topic's schema decoding each record into an ``Event``, the stream's
 per-event iterator (processors, sensors, the current-event bookkeeping), ``take_events``'
@@ -52,7 +52,7 @@ class BulkTopic(faust.Topic):
         self.decode = _as_record_event  # type: ignore[method-assign, assignment]
 
 
-def _take(queue: Any, unacked: Any, event: RecordEvent, batch: list[RecordEvent]) -> None:
+def _take(unacked: Any, event: RecordEvent, batch: list[RecordEvent]) -> None:
     # Tracked as faust's stream tracks the events it takes: a rebalance, and a shutdown,
     # wait until these are acknowledged before they commit (Consumer.wait_empty).
     message = event.message
@@ -64,7 +64,7 @@ def _take(queue: Any, unacked: Any, event: RecordEvent, batch: list[RecordEvent]
 def _drain(queue: Any, unacked: Any, batch: list[RecordEvent], max_records: int) -> None:
     get = queue.get_nowait  # also tells faust's consumer when the queue's pressure drops
     while len(batch) < max_records and not queue.empty():
-        _take(queue, unacked, get(), batch)
+        _take(unacked, get(), batch)
 
 
 async def batches(stream: Any, max_records: int, within_s: float
@@ -81,7 +81,7 @@ async def batches(stream: Any, max_records: int, within_s: float
         while True:
             batch: list[RecordEvent] = []
             try:
-                _take(queue, unacked, await queue.get(), batch)
+                _take(unacked, await queue.get(), batch)
                 _drain(queue, unacked, batch, max_records)
                 if len(batch) < max_records and within_s > 0:
                     await asyncio.sleep(within_s)
