@@ -35,7 +35,6 @@ from sibylla.settings import SettingsError
 from sibylla.streams import bulk
 from sibylla.streams.agents import Pipeline
 from sibylla.streams.app import RAW, raw_table
-from sibylla.streams.gaps import ends_on_cancel, finish
 from sibylla.streams.keys import attempt_key
 from sibylla.streams.state import live_get, live_items_of
 
@@ -163,10 +162,7 @@ class OnlineLearning:
     # ---------------------------------------------------------------- agents
     async def _outcomes(self, stream: Any) -> None:
         """A retry that COMPLETED proves its parent's failure transient."""
-        consumer = self.p.t.app.consumer
-        with ends_on_cancel():
-            async for events in bulk.batches(stream, OUTCOMES_BATCH, within_s=0.0):
-                await finish(bulk.acked(self._outcomes_batch(events), consumer, events))
+        await bulk.consume(stream, self._outcomes_batch, OUTCOMES_BATCH, within_s=0.0)
 
     async def _outcomes_batch(self, events: Sequence[Any]) -> None:
         for event in events:

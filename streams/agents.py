@@ -60,7 +60,7 @@ from sibylla.streams import bulk
 from sibylla.streams.activity import Activity, DeadLetterNote
 from sibylla.streams.app import Topology
 from sibylla.streams.batcher import MicroBatcher
-from sibylla.streams.gaps import GapFiller, ends_on_cancel, finish
+from sibylla.streams.gaps import GapFiller
 from sibylla.streams.keys import attempt_key, partition_of, split_key
 from sibylla.streams.lag import LagProbe
 from sibylla.streams.ledger import CLOCK_SKEW_S, DecisionLedger
@@ -363,10 +363,7 @@ class Pipeline:
 
     # ---------------------------------------------------------------- ingest
     async def _ingest(self, stream: Any) -> None:
-        consumer = self.t.app.consumer
-        with ends_on_cancel():
-            async for events in bulk.batches(stream, INGEST_BATCH, INGEST_WITHIN_S):
-                await finish(bulk.acked(self._ingest_batch(events), consumer, events))
+        await bulk.consume(stream, self._ingest_batch, INGEST_BATCH, INGEST_WITHIN_S)
 
     def _parse_log(self, value: bytes | None) -> LogChunk:
         return parse_log_record(value, self.settings.max_line_bytes, self.field_map)
@@ -467,10 +464,7 @@ class Pipeline:
 
     # ---------------------------------------------------------------- terminations
     async def _terminations(self, stream: Any) -> None:
-        consumer = self.t.app.consumer
-        with ends_on_cancel():
-            async for events in bulk.batches(stream, EVENTS_BATCH, within_s=0.0):
-                await finish(bulk.acked(self._terminations_batch(events), consumer, events))
+        await bulk.consume(stream, self._terminations_batch, EVENTS_BATCH, within_s=0.0)
 
     async def _terminations_batch(self, events: Sequence[Any]) -> None:
         events = await self._with_missing(events)
@@ -548,7 +542,7 @@ class Pipeline:
                                                                       end)
             if missing:
                 self.metrics.refetched.labels(topic=tp.topic).inc(len(missing))
-                await finish(handle(missing))
+                await bulk.finish(handle(missing))
 
     async def _request_due_decisions(self) -> None:
         """Ask for the decisions whose grace period is over (also after a restart); free the
@@ -608,11 +602,8 @@ class Pipeline:
         # Take what this partition has buffered; waiting for a batch to fill is the
         # MicroBatcher's job (up to batch_max_wait_ms, across partitions). Waiting here too
         # made a lone failure wait twice that.
-        consumer = self.t.app.consumer
-        with ends_on_cancel():
-            async for events in bulk.batches(stream, self.settings.batch_max_windows,
-                                             within_s=0.0):
-                await finish(bulk.acked(self._decide_batch(events), consumer, events))
+        await bulk.consume(stream, self._decide_batch, self.settings.batch_max_windows,
+                           within_s=0.0)
 
     async def _decide_batch(self, events: Sequence[Any]) -> None:
         await self._decide_requested(events)

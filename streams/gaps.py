@@ -16,31 +16,28 @@ fetched from the broker with a consumer of our own; they go through the same cod
 other. A hole that really holds nothing (a transaction marker, records deleted by retention)
 costs one fetch that returns nothing.
 
-An agent finishing a batch is also shielded from cancellation (:func:`finish`): a rebalance
+An agent finishing a batch is also shielded from cancellation (bulk.finish): a rebalance
 waits the few milliseconds the batch needs rather than cutting it in half.
 """
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import logging
 import time
-from collections.abc import Awaitable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any
 
 from sibylla.streams.bulk import RecordEvent
 from sibylla.streams.reread import PartitionReader
 from sibylla.streams.state import live_get
 
-__all__ = ["GapFiller", "ends_on_cancel", "finish"]
+__all__ = ["GapFiller"]
 
 log = logging.getLogger(__name__)
 
 STALL_S = 5.0  # no progress this long with records left: the consumer skipped them
 STALL_FETCH_MAX = 5000  # records read again per stall at most (the rest on the next check)
-T = TypeVar("T")
 
 
 @dataclass(frozen=True, slots=True)
@@ -136,30 +133,3 @@ class GapFiller:
         records = await self.reader.read_range(topic, partition, start, end)
         return [RecordEvent(_Message(topic, partition, r.offset, r.key, r.value, r.timestamp))
                 for r in records]
-
-
-async def finish(work: Awaitable[T]) -> T:
-    """Await ``work`` to its end even if the awaiting task is cancelled meanwhile; then the
-    cancellation goes on. (faust acknowledges a whole batch when its agent leaves it.)"""
-    task = asyncio.ensure_future(work)
-    cancelled = False
-    while True:
-        try:
-            result = await asyncio.shield(task)
-            break
-        except asyncio.CancelledError:
-            if task.done():
-                raise
-            cancelled = True
-    if cancelled:
-        raise asyncio.CancelledError
-    return result
-
-
-def ends_on_cancel() -> contextlib.AbstractContextManager[None]:
-    """Let an agent end quietly when faust cancels it. faust cancels a partition's actor when
-    the partition is revoked and counts the CancelledError as a crash: it restarts the actor,
-    and with several partitions revoked at once its supervisor ran out of restarts and exited
-    the worker (seen in the fault campaign). The batch in hand is finished first
-    (:func:`finish`), so ending here loses nothing."""
-    return contextlib.suppress(asyncio.CancelledError)

@@ -1,4 +1,4 @@
-"""Log records taken in batches from faust's queue, acknowledged only once their batch is done."""
+"""Records taken in batches from faust's queue, worked on to the end, then acknowledged."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import pytest
 from faust.types import TP, Message
 from faust.types.tuples import ConsumerMessage
 
-from sibylla.streams.bulk import BulkTopic, RecordEvent, acked, batches
+from sibylla.streams.bulk import BulkTopic, RecordEvent, acked, batches, consume, finish
 
 TOPIC = "sibylla.logs"
 
@@ -130,3 +130,44 @@ async def test_a_batch_whose_work_failed_is_acknowledged_once_it_ended() -> None
     assert seen_before == []
     # the partition's commits go on; gaps.py reads the failed records again
     assert consumer.acked == [20, 21]
+
+
+async def test_a_batch_cancelled_midway_still_finishes_before_the_cancellation_goes_on() -> None:
+    done: list[int] = []
+
+    async def batch() -> None:
+        for i in range(5):
+            await asyncio.sleep(0.01)
+            done.append(i)
+
+    task = asyncio.create_task(finish(batch()))
+    await asyncio.sleep(0.015)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert done == [0, 1, 2, 3, 4]
+
+
+async def test_an_agent_cancelled_mid_batch_finishes_and_acknowledges_it_then_ends_quietly(
+        app: faust.App) -> None:
+    stream = _partition_stream(app)
+    worked: list[int] = []
+
+    async def work(events: Any) -> None:
+        await asyncio.sleep(0.02)
+        worked.extend(e.message.offset for e in events)
+
+    agent = asyncio.ensure_future(consume(stream, work, max_records=10, within_s=0.0))
+    await asyncio.sleep(0)
+    channel = next(iter(app.topics))
+    messages = [_message(offset) for offset in (0, 1)]
+    for message in messages:
+        message.incref()
+        channel.queue.put_nowait(RecordEvent(message))
+    await asyncio.sleep(0.005)  # the batch is being worked on
+    agent.cancel()  # faust revokes the partition
+    await agent  # no CancelledError: faust would count it as a crash
+    assert worked == [0, 1]
+    assert all(message.acked for message in messages)
+    assert list(app.topics) == []
+
