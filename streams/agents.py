@@ -111,10 +111,10 @@ class Pipeline:
 
     def __init__(self, topology: Topology, classifier: Classifier | Future[Classifier],
                  metrics: WorkerMetrics | None = None) -> None:
-        """``classifier`` may still be loading (a future): run_worker starts the load once
-        the app is built, so that torch's import (~2 s) overlaps faust's start and the group
-        join instead of preceding them. Predictions wait for it in the inference thread;
-        :meth:`model` awaits it."""
+        """``classifier`` may still be loading (a future): run_worker starts the load as the
+        group join begins, so that torch's import (~2 s) overlaps the join instead of
+        preceding it. Predictions wait for it in the inference thread; :meth:`model` awaits
+        it."""
         self.t = topology
         self.settings = s = topology.settings
         self._model = classifier if isinstance(classifier, Future) else _loaded(classifier)

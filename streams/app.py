@@ -27,7 +27,7 @@ class Topology:
     """The app with its topics and tables; the agents module registers agents on it."""
 
     settings: Settings
-    app: faust.App
+    app: SibyllaApp
     logs: Any
     job_events: Any
     decide_requests: Any

@@ -24,13 +24,16 @@ recovery (room for tables declared after the app starts). A worker declares ever
 it starts, so that second only delayed its first decision: :class:`_TableManager` does not
 sleep.
 
+And :attr:`SibyllaApp.join_hooks` run as each group join begins: the worker starts loading
+its model there (worker.py).
+
 All are selected by :class:`SibyllaApp`, so no global monkeypatching.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Coroutine, Generator
+from collections.abc import Callable, Coroutine, Generator
 from typing import Any
 
 import faust
@@ -133,6 +136,15 @@ class SibyllaApp(faust.App):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, TableManager=_TableManager, **kwargs)
+        # Called as each group join begins, in the consumer's thread: quick, thread-safe.
+        self.join_hooks: list[Callable[[], None]] = []
+
+    def on_rebalance_start(self) -> None:
+        # faust calls this from the rebalance listener before the consumer sends its
+        # JoinGroup request.
+        super().on_rebalance_start()
+        for hook in self.join_hooks:
+            hook()
 
     def _new_transport(self) -> TransportT:
         return _FastTransport(self.conf.broker_consumer, self)
