@@ -27,7 +27,7 @@ from typing import Any, TypeVar
 import faust
 from faust.types import Message
 
-__all__ = ["BulkTopic", "RecordEvent", "acked", "batches", "consume", "ends_on_cancel", "finish"]
+__all__ = ["BulkTopic", "RecordEvent", "acked", "batches", "consume", "finish"]
 
 T = TypeVar("T")
 
@@ -133,24 +133,19 @@ async def finish(work: Awaitable[T]) -> T:
     return result
 
 
-def ends_on_cancel() -> contextlib.AbstractContextManager[None]:
-    """Let an agent end quietly when faust cancels it. faust cancels a partition's actor when
-    the partition is revoked and counts the CancelledError as a crash: it restarts the actor,
-    and with several partitions revoked at once its supervisor ran out of restarts and exited
-    the worker (seen in the fault campaign). The batch in hand is finished first
-    (:func:`finish`), so ending here loses nothing."""
-    return contextlib.suppress(asyncio.CancelledError)
-
-
 async def consume(stream: Any, work: Callable[[Sequence[RecordEvent]], Awaitable[None]],
                   max_records: int, within_s: float) -> None:
     """An agent's loop over its :func:`batches`: each batch is worked on to its end even if
     faust cancels the agent meanwhile, then acknowledged (:func:`acked`); a revoked
     partition's agent ends quietly."""
     consumer = stream.channel.app.consumer
-    # closed on the way out, not when collected: the partition's channel leaves the conductor
-    # before faust's next assignment looks at it
-    with ends_on_cancel():
+    # faust cancels a partition's actor when the partition is revoked and counts the
+    # CancelledError as a crash: it restarts the actor, and with several partitions revoked at
+    # once its supervisor ran out of restarts and exited the worker (seen in the fault
+    # campaign). The batch in hand is finished first (finish), so ending quietly loses nothing.
+    # The batches are closed on the way out, not when collected: the partition's channel
+    # leaves the conductor before faust's next assignment looks at it.
+    with contextlib.suppress(asyncio.CancelledError):
         async with contextlib.aclosing(batches(stream, max_records, within_s)) as taken:
             async for events in taken:
                 await finish(acked(work(events), consumer, events))

@@ -15,9 +15,6 @@ finished. A batch that starts past that offset + 1 is preceded by the records in
 fetched from the broker with a consumer of our own; they go through the same code as any
 other. A hole that really holds nothing (a transaction marker, records deleted by retention)
 costs one fetch that returns nothing.
-
-An agent finishing a batch is also shielded from cancellation (bulk.finish): a rebalance
-waits the few milliseconds the batch needs rather than cutting it in half.
 """
 
 from __future__ import annotations

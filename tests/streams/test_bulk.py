@@ -170,4 +170,3 @@ async def test_an_agent_cancelled_mid_batch_finishes_and_acknowledges_it_then_en
     assert worked == [0, 1]
     assert all(message.acked for message in messages)
     assert list(app.topics) == []
-
