@@ -140,8 +140,8 @@ def load_on_first_join(app: SibyllaApp, settings: Settings, into: Future[Classif
     that holds the GIL) slows whatever Python runs beside it. Started with the process, it
     held back faust's start and so the join; started at the join, it runs while the broker
     holds the join (Tansu 3 s, Apache Kafka ``group.initial.rebalance.delay.ms``) and the
-    tables open. Measured on Tansu, 3 alternated pairs: spawn to first decision 5.47-5.74 s
-    before, 4.58-4.68 s after; on Kafka with no join delay 4.02-4.82 against 4.41-4.89 s."""
+    tables open: ~0.6-0.9 s sooner to the first decision on Tansu (docs/pipeline-bench.md,
+    finding 10)."""
     begun = threading.Lock()
 
     def load_once() -> None:
