@@ -38,7 +38,7 @@ from typing import Any
 import torch
 
 from sibylla.inference.checkpoint import Checkpoint, load_checkpoint, save_checkpoint
-from sibylla.inference.corpus import REAL_FILES, Record, load_records, packaged_path
+from sibylla.inference.corpus import HELD_OUT_FILE, Record, load_records, packaged_path
 from sibylla.inference.preprocess import window_from_text
 from sibylla.inference.synthetic import generate
 from sibylla.inference.taxonomy import CATEGORIES
@@ -303,7 +303,7 @@ def one_run(scenario: Scenario, seed: int, base_path: Path, base_records: list[R
     jobs = stream(args.jobs, args.onset, seed)
     # The gate's "real" part: the held-out real logs (46) plus generated logs of the known
     # categories from another seed, so that forgetting is measured on more than 46 logs.
-    validation = (load_records(packaged_path(REAL_FILES[1]))
+    validation = (load_records(packaged_path(HELD_OUT_FILE))
                   + generate(args.validation_logs, seed=seed + 3, categories=KNOWN))
     seed_examples = random.Random(seed).sample(base_records, 600)
     result = run(scenario, load_checkpoint(base_path), jobs, args.onset, validation,

@@ -11,19 +11,16 @@ import json
 import sys
 from typing import Any
 
-from .corpus import HELD_OUT_FILE
-
 __all__ = ["register"]
-
-HELD_OUT = HELD_OUT_FILE  # never trained on
 
 
 def register(subparsers: Any) -> None:
     """Add the classifier's subcommands to the ``sibylla`` parser."""
     train = subparsers.add_parser(
         "train", help="train the failure classifier (reproduces the shipped model)",
-        description="Train on the generated logs plus the real training file, calibrate, score "
-                    "on the held-out real logs and save. Same seed, same model.")
+        description="Train on the generated logs plus the real training files, calibrate, "
+                    "choose the operating threshold and score on the held-out real logs, and "
+                    "save. Same seed, same model.")
     train.add_argument("--out", default="", help="output file (default: the shipped model)")
     train.add_argument("--seed", type=int, default=None)
     train.add_argument("--deep-weight", type=float, default=None,
@@ -34,7 +31,7 @@ def register(subparsers: Any) -> None:
     train.add_argument("--real-files", type=_real_file_names, default=None,
                        metavar="NAME[,NAME...]",
                        help="packaged real corpus files to train on (default: "
-                            "real_public_a.jsonl); the others stay held out")
+                            "corpus.TRAIN_FILES); the others stay held out")
     train.set_defaults(func=_train)
 
     evaluate = subparsers.add_parser(
@@ -70,7 +67,7 @@ def register(subparsers: Any) -> None:
 
 def _train(args: argparse.Namespace) -> int:
     from .checkpoint import save_checkpoint, shipped_model_path
-    from .corpus import load_records, packaged_path
+    from .corpus import load_records
     from .engine import ModelClassifier
     from .evaluate import evaluate_file, operating_threshold
     from .train import (
@@ -95,12 +92,11 @@ def _train(args: argparse.Namespace) -> int:
     checkpoint.meta.update(validation_threshold=checkpoint.meta["threshold"],
                            threshold=threshold, operating_point={
                                "files": [path.name for path in files], "rule": rule})
-    # The headline file, unless it was trained on: then the first file that was not.
-    report_file = HELD_OUT if HELD_OUT not in config.real_files else files[0].name
-    held_out = load_records(packaged_path(report_file))
+    held_out = [r for path in files for r in load_records(path)]
     report = evaluate_file(classifier.with_threshold(threshold), held_out, records)
+    report_files = ", ".join(path.name for path in files)
     checkpoint.meta["metrics"] = {
-        "held_out_file": report_file,
+        "held_out_files": report_files,
         **{name: {k: row[k] for k in ("accuracy", "macro_f1", "deterministic_precision",
                                       "abstention_rate")}
            for name, row in report["rows"].items()},
@@ -111,7 +107,7 @@ def _train(args: argparse.Namespace) -> int:
           f"({checkpoint.meta['trained_seconds']} s of training)")
     from .evaluate import format_table
 
-    print(f"held-out real logs ({report_file}, {len(held_out)} records):")
+    print(f"held-out real logs ({report_files}, {len(held_out)} records):")
     print(format_table(report))
     return 0
 

@@ -19,7 +19,7 @@ from .taxonomy import CATEGORIES, label_of
 __all__ = [
     "HELD_OUT_FILE",
     "REAL_FILES",
-    "TRAIN_FILE",
+    "TRAIN_FILES",
     "Record",
     "project_of",
     "load_records",
@@ -35,11 +35,15 @@ def _real_files() -> tuple[str, ...]:
     return tuple(sorted(p.name for p in folder.glob("real_public_*.jsonl")))
 
 
-# The real corpus shipped in the package, sorted by name: file a trains the shipped model,
-# file d (other projects entirely) is held out for its headline numbers; later files (e, f, ...,
-# other projects again) are held out too.
+# The real corpus shipped in the package, sorted by name. The shipped model trains on
+# TRAIN_FILES; every other file is held out for its operating threshold and headline numbers:
+# d (46 logs, the demo's and the online-learning gate's real logs) and k (collected after the
+# model's recipe was fixed, from repositories no other file has). A file added later is held out
+# until it is named here.
 REAL_FILES = _real_files()
-TRAIN_FILE = "real_public_a.jsonl"
+TRAIN_FILES = ("real_public_a.jsonl", "real_public_e.jsonl", "real_public_f.jsonl",
+               "real_public_g.jsonl", "real_public_h.jsonl", "real_public_i.jsonl",
+               "real_public_j.jsonl")
 HELD_OUT_FILE = "real_public_d.jsonl"
 
 

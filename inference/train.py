@@ -27,7 +27,7 @@ import torch
 
 from .api import LogWindow
 from .checkpoint import Checkpoint
-from .corpus import TRAIN_FILE, Record, load_records, packaged_path, split_by_source
+from .corpus import TRAIN_FILES, Record, load_records, packaged_path, split_by_source
 from .engine import score_encoded
 from .features import Encoded, batch_input, encode_window, line_tokens
 from .model import ModelConfig, RecurrentClassifier
@@ -75,7 +75,7 @@ class TrainConfig:
     lr: float = 4e-3
     weight_decay: float = 1e-4
     synthetic: int = 4000  # generated logs, balanced over the 16 categories
-    real_files: tuple[str, ...] = (TRAIN_FILE,)  # the real logs trained on; d is held out
+    real_files: tuple[str, ...] = TRAIN_FILES  # the real logs trained on; the rest held out
     real_copies: int = 6  # augmented copies of each real training log
     val_fraction: float = 0.15  # by source: whole message templates / issue threads
     min_count: int = 3  # a token enters the vocabulary when seen in this many logs

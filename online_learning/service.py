@@ -19,7 +19,7 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from sibylla.inference.checkpoint import load_checkpoint
-from sibylla.inference.corpus import REAL_FILES, load_records, packaged_path
+from sibylla.inference.corpus import HELD_OUT_FILE, TRAIN_FILES, load_records, packaged_path
 from sibylla.inference.synthetic import generate
 from sibylla.inference.train import Example, examples_from_records
 from sibylla.schemas.records import Label
@@ -36,14 +36,15 @@ __all__ = ["announce", "replay_seed", "run_trainer", "signing_key"]
 
 log = logging.getLogger(__name__)
 
-SEED_SYNTHETIC = 400  # generated logs seeding the replay buffer beside the real training file
+SEED_SYNTHETIC = 400  # generated logs seeding the replay buffer beside the real logs of file a
 POLL_MS = 1000
 
 
 def replay_seed(seed: int = 0) -> list[Example]:
     """Examples like the base model's training data, so the first fine-tunes replay more than
-    the stream's own lopsided labels: the real training file and some generated logs."""
-    records = load_records(packaged_path(REAL_FILES[0])) + generate(SEED_SYNTHETIC, seed=seed)
+    the stream's own lopsided labels: the first real training file (85 logs, the seed's size
+    before the base model trained on more) and some generated logs."""
+    records = load_records(packaged_path(TRAIN_FILES[0])) + generate(SEED_SYNTHETIC, seed=seed)
     random.Random(seed).shuffle(records)
     return examples_from_records(records)
 
@@ -94,7 +95,7 @@ async def run_trainer(settings: Settings, online: OnlineSettings,
     store = ModelStore(online.models_dir)
     base = load_checkpoint(settings.model_path or None)
     if real_validation is None:
-        real_validation = examples_from_records(load_records(packaged_path(REAL_FILES[1])))
+        real_validation = examples_from_records(load_records(packaged_path(HELD_OUT_FILE)))
     trainer = Trainer(online, store, base, real_validation, replay_seed())
     if online.trainer_metrics_port:
         from prometheus_client import start_http_server

@@ -28,7 +28,7 @@ from typing import Any, TypeVar
 
 from sibylla.brokers.launchers import tansu
 from sibylla.brokers.process import free_port
-from sibylla.inference.corpus import REAL_FILES, Record, load_records, packaged_path
+from sibylla.inference.corpus import HELD_OUT_FILE, Record, load_records, packaged_path
 from sibylla.inference.preprocess import window_from_text
 from sibylla.inference.train import Example, examples_from_records
 from sibylla.online_learning.service import run_trainer
@@ -47,7 +47,7 @@ __all__ = ["isolated", "pick_demo_jobs", "run_demo", "silent_retries"]
 
 # Real failure logs the shipped model never trained on (its held-out set): the demo's
 # decisions are what a cluster would get, mistakes included.
-DEMO_CORPUS = REAL_FILES[1]
+DEMO_CORPUS = HELD_OUT_FILE
 # The online-learning loop on a demo's scale: one fine-tune on the handful of labels the
 # retries make (every 5th is held back for the gate, as in production), gentle enough for a
 # handful (2 epochs at 1e-3: the default recipe, sized for hundreds of labels, can cost a

@@ -19,7 +19,7 @@ from sibylla.inference.baselines import (
 from sibylla.inference.corpus import (
     HELD_OUT_FILE,
     REAL_FILES,
-    TRAIN_FILE,
+    TRAIN_FILES,
     Record,
     load_records,
     packaged_path,
@@ -195,7 +195,8 @@ def test_cause_is_optional_and_every_real_file_is_read(tmp_path: Path) -> None:
     a, b = load_records(path)
     assert (a.cause, b.cause) == ("", "x") and project_of(a) == "o/r"
     packaged = sorted(p.name for p in packaged_path("x").parent.glob("real_public_*.jsonl"))
-    assert list(REAL_FILES) == packaged and {TRAIN_FILE, HELD_OUT_FILE} <= set(REAL_FILES)
+    assert list(REAL_FILES) == packaged and {*TRAIN_FILES, HELD_OUT_FILE} <= set(REAL_FILES)
+    assert HELD_OUT_FILE not in TRAIN_FILES
 
 
 def test_classify_prints_verdict_action_and_evidence(

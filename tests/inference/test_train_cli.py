@@ -6,12 +6,13 @@ from __future__ import annotations
 import pytest
 
 from sibylla.cli import build_parser
-from sibylla.inference.corpus import REAL_FILES, TRAIN_FILE
+from sibylla.inference.corpus import HELD_OUT_FILE, REAL_FILES, TRAIN_FILES
 
 
 def test_real_files_names_the_packaged_files_trained_on() -> None:
-    args = build_parser().parse_args(["train", "--real-files", f"{TRAIN_FILE}, {REAL_FILES[1]}"])
-    assert args.real_files == (TRAIN_FILE, REAL_FILES[1])
+    args = build_parser().parse_args(["train", "--real-files",
+                                      f"{TRAIN_FILES[0]}, {HELD_OUT_FILE}"])
+    assert args.real_files == (TRAIN_FILES[0], HELD_OUT_FILE)
     assert build_parser().parse_args(["train"]).real_files is None  # the default recipe
 
 
