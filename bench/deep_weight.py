@@ -15,7 +15,6 @@ being the one that does not change with the random stream (85 logs: one log is 0
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 from collections.abc import Sequence
 from dataclasses import replace
@@ -24,6 +23,7 @@ from typing import Any
 
 from sibylla.inference.api import Prediction
 from sibylla.inference.corpus import Record, load_records, packaged_path, project_of
+from sibylla.inference.crossval import project_fold
 from sibylla.inference.engine import ModelClassifier
 from sibylla.inference.evaluate import cross_fitted
 from sibylla.inference.features import encode_window
@@ -34,11 +34,6 @@ from sibylla.inference.train import TrainConfig, examples_from_records, train_mo
 
 RESULTS = Path(__file__).parent / "results"
 WEIGHTS = (0.0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.8, 1.0)
-
-
-def _fold(record: Record, folds: int) -> int:
-    digest = hashlib.sha256(project_of(record).encode()).digest()
-    return int.from_bytes(digest[:8], "big") % folds
 
 
 def _fold_predictions(config: TrainConfig, train: Sequence[Record], test: Sequence[Record]
@@ -67,8 +62,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     real = [r for name in TrainConfig().real_files for r in load_records(packaged_path(name))]
     by_weight: dict[float, list[Any]] = {w: [None] * len(real) for w in WEIGHTS}
     for k in range(args.folds):
-        test_idx = [i for i, r in enumerate(real) if _fold(r, args.folds) == k]
-        train = synthetic + [r for r in real if _fold(r, args.folds) != k]
+        test_idx = [i for i, r in enumerate(real) if project_fold(r, args.folds) == k]
+        train = synthetic + [r for r in real if project_fold(r, args.folds) != k]
         print(f"fold {k + 1}/{args.folds}: {len(test_idx)} held out", flush=True)
         for w, fold in _fold_predictions(config, train, [real[i] for i in test_idx]).items():
             for i, p in zip(test_idx, fold, strict=True):

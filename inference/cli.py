@@ -49,9 +49,14 @@ def register(subparsers: Any) -> None:
     evaluate.add_argument("--lofo", action="store_true",
                           help="leave-one-framework-out instead: trains one model per held-out "
                                "framework family on the real logs of the others (minutes)")
+    evaluate.add_argument("--folds", type=int, default=None, metavar="K",
+                          help="cross-validate the training recipe instead: every packaged real "
+                               "log (or --data's) decided by a model trained without its "
+                               "repository's fold, K folds by repository (minutes per fold)")
     evaluate.add_argument("--synthetic", type=int, default=None,
-                          help="with --lofo: generated logs per fold's training")
-    evaluate.add_argument("--epochs", type=int, default=None, help="with --lofo: epochs per fold")
+                          help="with --lofo or --folds: generated logs per fold's training")
+    evaluate.add_argument("--epochs", type=int, default=None,
+                          help="with --lofo or --folds: epochs per fold")
     evaluate.set_defaults(func=_evaluate)
 
     classify = subparsers.add_parser(
@@ -131,6 +136,8 @@ def _real_file_names(value: str) -> tuple[str, ...]:
 def _evaluate(args: argparse.Namespace) -> int:
     if args.lofo:
         return _lofo(args)
+    if args.folds is not None:
+        return _cross_validate(args)
     from .checkpoint import ModelLoadError
     from .corpus import load_records
     from .engine import load_classifier
@@ -184,6 +191,30 @@ def _lofo(args: argparse.Namespace) -> int:
     else:
         print("macro-F1 / deterministic precision / abstention per held-out framework family")
         print(format_folds(folds))
+    return 0
+
+
+def _cross_validate(args: argparse.Namespace) -> int:
+    from .corpus import REAL_FILES, load_records, packaged_path
+    from .crossval import cross_validate
+    from .evaluate import format_report
+    from .train import TrainConfig, with_overrides
+
+    config = with_overrides(TrainConfig(), synthetic=args.synthetic, epochs=args.epochs)
+    try:
+        paths = args.data or [packaged_path(name) for name in REAL_FILES]
+        records = [r for path in paths for r in load_records(path)]
+        report = cross_validate(config, records, args.folds)
+    except (ValueError, OSError) as exc:
+        print(f"sibylla evaluate: {exc}", file=sys.stderr)
+        return 2
+    if args.json:
+        print(json.dumps(report, sort_keys=True))
+        return 0
+    print(f"{len(records)} real logs from {report['projects']} projects in {args.folds} folds "
+          f"by repository ({', '.join(map(str, report['fold_sizes']))} logs); each decided by "
+          "classifiers trained without its fold (the recipe, not the shipped weights)")
+    print(format_report(report))
     return 0
 
 

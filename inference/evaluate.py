@@ -40,11 +40,13 @@ __all__ = [
     "choose_operating_threshold",
     "cost_curve",
     "cross_fitted",
+    "classifier_predictions",
     "evaluate_classifier",
     "evaluate_file",
     "evidence_hits",
     "format_report",
     "format_table",
+    "report_from_predictions",
 ]
 
 logger = logging.getLogger(__name__)
@@ -231,6 +233,59 @@ def _last_lines(window: LogWindow) -> Prediction:
     return Prediction("unknown", 0.0, NO_LOG, shown[-EVIDENCE_LINES:])
 
 
+def classifier_predictions(model: ModelClassifier, records: Sequence[Record],
+                           train_records: Sequence[Record], windows: Sequence[LogWindow]
+                           ) -> dict[str, list[Prediction]]:
+    """Every row's predictions on ``records`` (whose windows are ``windows``): the model at its
+    threshold and without one, and each baseline, the TF-IDF ones fitted on ``train_records``."""
+    train_windows = [window_from_text(r.log) for r in train_records]
+    train_categories = [r.category for r in train_records]
+    baselines: dict[str, Classifier] = {
+        "regex rules": RegexRules(),
+        "tf-idf + logistic regression": TfidfLogReg().fit(train_windows, train_categories),
+        "char tf-idf + logistic regression": CharTfidfLogReg().fit(train_windows,
+                                                                    train_categories),
+        "always retry": ConstantVerdict("nondeterministic"),
+        "never retry": ConstantVerdict("deterministic"),
+    }
+    # The model runs once: at its threshold it decides as without one, abstaining below it.
+    unthresholded = _predict(model.with_threshold(0.0), windows)
+    return {"model": [at_threshold(p, model.threshold) for p in unthresholded],
+            "model, no abstention": unthresholded,
+            **{name: _predict(c, windows) for name, c in baselines.items()}}
+
+
+def report_from_predictions(records: Sequence[Record], windows: Sequence[LogWindow],
+                            predictions: dict[str, list[Prediction]]) -> dict[str, Any]:
+    """Rows, cross-fitted operating points, cost curves and evidence hit rates from every
+    row's predictions (``"model, no abstention"`` and the baselines at least; ``"model"``,
+    the model at its own threshold, when it has one). The headline is ``"model"``, else the
+    model at the threshold cross-fitted by project."""
+    rows = {name: _score(records, [p.verdict for p in preds], preds)
+            for name, preds in predictions.items()}
+    crossed = {}
+    for name, base in (("model", "model, no abstention"),
+                       ("tf-idf", "tf-idf + logistic regression"),
+                       ("char tf-idf", "char tf-idf + logistic regression")):
+        crossed[name] = cross_fitted(predictions[base], records)
+        rows[f"{name}, cross-fitted threshold"] = crossed[name]
+    headline = rows.get("model", rows["model, cross-fitted threshold"])
+    evidence_of = predictions.get("model", predictions["model, no abstention"])
+    candidates = [sum(bool(line.shown) for part in select_lines(w) for line in part)
+                  for w in windows]
+    return {**{k: headline[k] for k in TABLE_KEYS},
+            "deterministic_precision_ci": headline["deterministic_precision_ci"],
+            "coverage": headline["coverage"], "n": len(records),
+            "projects": len({project_of(r) for r in records}),
+            "model": headline, "rows": rows, "cross_fitted": crossed,
+            "cost_curve": {"model": cost_curve(predictions["model, no abstention"], records),
+                           "char tf-idf": cost_curve(
+                               predictions["char tf-idf + logistic regression"], records)},
+            "evidence": {"model": evidence_hits(evidence_of, records, candidates),
+                         "last lines (naive)": evidence_hits(
+                             [_last_lines(w) for w in windows], records, candidates)}}
+
+
 def evaluate_file(model: ModelClassifier, records: Sequence[Record],
                   train_records: Sequence[Record] | None = None) -> dict[str, Any]:
     """The model (at its threshold, without abstention, and at a cross-fitted threshold) and
@@ -245,47 +300,11 @@ def evaluate_file(model: ModelClassifier, records: Sequence[Record],
     if overlap:
         logger.warning("%d of %d records come from sources in the training data: "
                        "their scores are not held-out scores", overlap, len(records))
-    train_windows = [window_from_text(r.log) for r in train_records]
-    train_categories = [r.category for r in train_records]
-    tfidf = TfidfLogReg().fit(train_windows, train_categories)
-    char_tfidf = CharTfidfLogReg().fit(train_windows, train_categories)
-    baselines: dict[str, Classifier] = {
-        "regex rules": RegexRules(),
-        "tf-idf + logistic regression": tfidf,
-        "char tf-idf + logistic regression": char_tfidf,
-        "always retry": ConstantVerdict("nondeterministic"),
-        "never retry": ConstantVerdict("deterministic"),
-    }
     windows = [window_from_text(r.log, job_id=r.id) for r in records]
-    # The model runs once: at its threshold it decides as without one, abstaining below it.
-    unthresholded = _predict(model.with_threshold(0.0), windows)
-    predictions = {"model": [at_threshold(p, model.threshold) for p in unthresholded],
-                   "model, no abstention": unthresholded,
-                   **{name: _predict(c, windows) for name, c in baselines.items()}}
-    rows = {name: _score(records, [p.verdict for p in preds], preds)
-            for name, preds in predictions.items()}
-    crossed = {}
-    for name, base in (("model", "model, no abstention"),
-                       ("tf-idf", "tf-idf + logistic regression"),
-                       ("char tf-idf", "char tf-idf + logistic regression")):
-        crossed[name] = cross_fitted(predictions[base], records)
-        rows[f"{name}, cross-fitted threshold"] = crossed[name]
-    headline = rows["model"]
-    candidates = [sum(bool(line.shown) for part in select_lines(w) for line in part)
-                  for w in windows]
-    return {**{k: headline[k] for k in TABLE_KEYS},
-            "deterministic_precision_ci": headline["deterministic_precision_ci"],
-            "coverage": headline["coverage"],
-            "model_version": model.version, "threshold": model.threshold, "n": len(records),
-            "projects": len({project_of(r) for r in records}),
-            "overlap_with_training": overlap, "model": headline, "rows": rows,
-            "cross_fitted": crossed,
-            "cost_curve": {"model": cost_curve(predictions["model, no abstention"], records),
-                           "char tf-idf": cost_curve(
-                               predictions["char tf-idf + logistic regression"], records)},
-            "evidence": {"model": evidence_hits(predictions["model"], records, candidates),
-                         "last lines (naive)": evidence_hits(
-                             [_last_lines(w) for w in windows], records, candidates)}}
+    report = report_from_predictions(
+        records, windows, classifier_predictions(model, records, train_records, windows))
+    return {**report, "model_version": model.version, "threshold": model.threshold,
+            "overlap_with_training": overlap}
 
 
 def format_table(report: dict[str, Any]) -> str:
