@@ -91,13 +91,12 @@ def _train(args: argparse.Namespace) -> int:
     # The operating point: chosen on real logs of projects never trained on, not on the
     # mostly generated validation split (``sibylla evaluate`` cross-fits it by project).
     files = _held_out_files(checkpoint.meta)
+    held_out = [r for path in files for r in load_records(path)]
     classifier = ModelClassifier(checkpoint, device="cpu")
-    threshold, rule = operating_threshold(classifier,
-                                          [r for path in files for r in load_records(path)])
+    threshold, rule = operating_threshold(classifier, held_out)
     checkpoint.meta.update(validation_threshold=checkpoint.meta["threshold"],
                            threshold=threshold, operating_point={
                                "files": [path.name for path in files], "rule": rule})
-    held_out = [r for path in files for r in load_records(path)]
     report = evaluate_file(classifier.with_threshold(threshold), held_out, records)
     report_files = ", ".join(path.name for path in files)
     checkpoint.meta["metrics"] = {
