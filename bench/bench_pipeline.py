@@ -728,8 +728,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         name += f"-{args.store}-store"
     if set(phases) != PHASES.keys():
         name += "-" + "-".join(phases)
-    if plan.failure_rate != TARGET_FAILURE_RATE:
-        name += f"-{plan.failure_rate:g}-per-s"
+    # the rates in the name unless they are the defaults (the README's results files)
+    if (plan.failure_rate, plan.overload_rate) != (TARGET_FAILURE_RATE, 2 * TARGET_FAILURE_RATE):
+        name += f"-{plan.failure_rate:g}-{plan.overload_rate:g}-per-s"
     out = RESULTS / f"{name}.json"
     out.write_bytes(orjson.dumps(report, option=orjson.OPT_INDENT_2) + b"\n")
     print_table(report)
