@@ -23,7 +23,7 @@ from typing import Any
 
 from sibylla.inference.api import Prediction
 from sibylla.inference.corpus import Record, load_records, packaged_path, project_of
-from sibylla.inference.crossval import project_fold
+from sibylla.inference.crossval import repository_folds
 from sibylla.inference.engine import ModelClassifier
 from sibylla.inference.evaluate import cross_fitted
 from sibylla.inference.features import encode_window
@@ -61,11 +61,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     synthetic = generate(config.synthetic, seed=config.seed)
     real = [r for name in TrainConfig().real_files for r in load_records(packaged_path(name))]
     by_weight: dict[float, list[Any]] = {w: [None] * len(real) for w in WEIGHTS}
-    for k in range(args.folds):
-        test_idx = [i for i, r in enumerate(real) if project_fold(r, args.folds) == k]
-        train = synthetic + [r for r in real if project_fold(r, args.folds) != k]
+    for k, (test_idx, others) in enumerate(repository_folds(real, args.folds)):
         print(f"fold {k + 1}/{args.folds}: {len(test_idx)} held out", flush=True)
-        for w, fold in _fold_predictions(config, train, [real[i] for i in test_idx]).items():
+        for w, fold in _fold_predictions(config, synthetic + others,
+                                         [real[i] for i in test_idx]).items():
             for i, p in zip(test_idx, fold, strict=True):
                 by_weight[w][i] = p
     rows = {}

@@ -27,7 +27,7 @@ from .preprocess import window_from_text
 from .synthetic import generate
 from .train import TrainConfig, examples_from_records, train_model
 
-__all__ = ["cross_validate", "project_fold"]
+__all__ = ["cross_validate", "project_fold", "repository_folds"]
 
 logger = logging.getLogger(__name__)
 
@@ -38,6 +38,16 @@ def project_fold(record: Record, folds: int) -> int:
     return int.from_bytes(digest[:8], "big") % folds
 
 
+def repository_folds(records: Sequence[Record], folds: int
+                     ) -> list[tuple[list[int], list[Record]]]:
+    """Per fold (empty ones included): the indices of its records and the other folds'
+    records, which a model deciding the fold may train on."""
+    fold_of = [project_fold(r, folds) for r in records]
+    return [([i for i, f in enumerate(fold_of) if f == k],
+             [r for r, f in zip(records, fold_of, strict=True) if f != k])
+            for k in range(folds)]
+
+
 def cross_validate(config: TrainConfig, records: Sequence[Record], folds: int = 5
                    ) -> dict[str, Any]:
     """``records`` (real logs) decided fold by fold by models trained with ``config`` on the
@@ -46,14 +56,12 @@ def cross_validate(config: TrainConfig, records: Sequence[Record], folds: int = 
         raise ValueError(f"cross-validation needs at least 2 folds, got {folds}")
     synthetic = generate(config.synthetic, seed=config.seed)
     windows = [window_from_text(r.log, job_id=r.id) for r in records]
-    pooled: dict[str, list[Prediction | None]] = {}
-    sizes = []
-    for k in range(folds):
-        test = [i for i, r in enumerate(records) if project_fold(r, folds) == k]
-        train = synthetic + [r for r in records if project_fold(r, folds) != k]
-        sizes.append(len(test))
+    pooled: dict[str, dict[int, Prediction]] = {}  # row -> record index -> its decision
+    splits = repository_folds(records, folds)
+    for k, (test, others) in enumerate(splits):
         if not test:
             continue
+        train = synthetic + others
         logger.info("fold %d/%d: %d held out, %d training logs", k + 1, folds, len(test),
                     len(train))
         checkpoint = train_model(examples_from_records(train), replace(config, real_files=()))
@@ -62,14 +70,10 @@ def cross_validate(config: TrainConfig, records: Sequence[Record], folds: int = 
                                       [windows[i] for i in test])
         del fold["model"]  # a fold's own threshold is its validation split's, not an operating one
         for name, predictions in fold.items():
-            slots = pooled.setdefault(name, [None] * len(records))
-            for i, p in zip(test, predictions, strict=True):
-                slots[i] = p
-    complete: dict[str, list[Prediction]] = {}
-    for name, slots in pooled.items():
-        decided = [p for p in slots if p is not None]
-        if len(decided) != len(records):  # every log is in exactly one fold
-            raise RuntimeError(f"{name}: {len(records) - len(decided)} logs left undecided")
-        complete[name] = decided
-    report = report_from_predictions(records, windows, complete)
-    return {**report, "folds": folds, "fold_sizes": sizes, "train_config": config.to_dict()}
+            pooled.setdefault(name, {}).update(zip(test, predictions, strict=True))
+    # every record is in exactly one fold, so each row holds a decision for every index
+    ordered = {name: [by_index[i] for i in range(len(records))]
+               for name, by_index in pooled.items()}
+    report = report_from_predictions(records, windows, ordered)
+    return {**report, "folds": folds, "fold_sizes": [len(test) for test, _ in splits],
+            "train_config": config.to_dict()}
