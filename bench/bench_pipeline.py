@@ -36,7 +36,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -57,6 +57,7 @@ from sibylla.brokers.launchers import apache_kafka, tansu
 from sibylla.brokers.process import BrokerProcess
 from sibylla.schemas.records import JobEvent
 from sibylla.settings import Settings
+from sibylla.streams.lag import LagProbe
 from sibylla.streams.ship import Shipper
 from sibylla.streams.topics import changelog_topic, ensure_topics
 
@@ -200,7 +201,8 @@ class Bench:
         messages, produce_s = asyncio.run(produce_partitioned(settings, topic, records))
         bare = asyncio.run(bare_consume(settings, topic, lines, timeout_s=120))
         with self.worker(settings) as worker:
-            measured = poll_ingest(worker, lines, timeout_s=180)
+            measured = poll_ingest(worker, lines, timeout_s=180,
+                                   settle=lambda: asyncio.run(wait_committed(settings, topic)))
         # Window writes to the changelog: each is a whole serialized window, so records per
         # ingested message tell how much the worker writes for what it reads.
         changelog = asyncio.run(topic_records(settings, changelog_topic(settings, "windows")))
@@ -490,10 +492,28 @@ def stage_means_ms(before: dict[str, tuple[float, float]],
 POLL_S = 0.1
 
 
-def poll_ingest(worker: Worker, lines: int, timeout_s: float, stall_s: float = 15.0
-                ) -> dict[str, float]:
+async def wait_committed(settings: Settings, topic: str, timeout_s: float = 30.0) -> None:
+    """Until the worker's group has committed every record of ``topic``: a commit follows the
+    save of what those records changed (the windows, agents.py), work the lines caused."""
+    probe = LagProbe(settings, [topic])
+    try:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            lags = await probe.lag()
+            if lags and not any(lags.values()):
+                return
+            await asyncio.sleep(POLL_S)
+        raise RuntimeError(f"{topic} not committed within {timeout_s} s")
+    finally:
+        await probe.close()
+
+
+def poll_ingest(worker: Worker, lines: int, timeout_s: float, stall_s: float = 15.0,
+                settle: Callable[[], None] | None = None) -> dict[str, float]:
     """Lines/s from the worker's ``sibylla_log_lines_ingested_total``, from its first non-zero
-    reading (start-up and group join excluded) to the reading that reaches ``lines``.
+    reading (start-up and group join excluded) to the reading that reaches ``lines``; CPU
+    from that first reading until ``settle`` returns, called once they are all in (it waits
+    for work they caused after their count, e.g. saving windows before the next commit).
 
     A count that stops short of ``lines`` for ``stall_s`` means records were lost: the rate
     is then taken up to the last change and ``missing_lines`` says how many never arrived.
@@ -522,6 +542,8 @@ def poll_ingest(worker: Worker, lines: int, timeout_s: float, stall_s: float = 1
         # Every 100 ms it is ~2%, and the rate's end is known within 100 ms.
         time.sleep(POLL_S)
     assert first_t is not None and first_n is not None
+    if settle is not None and count >= lines:
+        settle()
     cpu = worker.cpu_s() - first_cpu
     seconds = now - first_t
     # CPU per line tells a busy worker from a waiting one (a broker, a timer, a stall).

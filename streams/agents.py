@@ -149,7 +149,8 @@ class Pipeline:
         self._windows_swept: dict[int, float] = {}  # partition -> last TTL sweep
         # partition -> (when, attempt key) of decided windows to free (RELEASE_AFTER_S)
         self._to_release: dict[int, deque[tuple[float, str]]] = defaultdict(deque)
-        # partition -> an event of it, whose context the timer borrows to free those windows
+        # partition -> an event of it, whose context table writes outside its batches borrow
+        # (freeing decided windows, saving changed ones)
         self._context_event: dict[int, Any] = {}
         self._decisions_swept: dict[int, float] = {}
         # Records read again out of band, each with a reader of its own: a long read of a
@@ -176,6 +177,7 @@ class Pipeline:
         app.timer(0.25, name="request_due_decisions")(self._request_due_decisions)
         app.timer(STALL_CHECK_EVERY_S, name="catch_up_stalled")(self._catch_up_stalled)
         app.on_partitions_revoked.connect(self._on_revoked)
+        app.commit_hooks.append(self._save_windows)
         app.on_partitions_assigned.connect(self._on_assigned)
         app.on_before_shutdown.connect(self._close_clients)
 
@@ -414,8 +416,8 @@ class Pipeline:
             records += 1
         # Every table write below goes to this partition's changelogs.
         self.in_event(events[-1])
-        for key, window in touched.items():
-            self.store.save(key, window)
+        self._context_event[partition] = events[-1]
+        self.cache.changed(partition, touched)  # saved before the next commit
         for job_id, attempt in ended:
             if live_get(pending, attempt_key(job_id, attempt)) is not None:
                 await self._request_decision(job_id, attempt)
@@ -431,6 +433,19 @@ class Pipeline:
             self._windows_swept[partition] = now
             self._expire_windows(partition, now)
             m.window_bytes.set(cache.text_bytes())  # O(windows): with the sweep, not per batch
+
+    async def _save_windows(self) -> None:
+        """Save the windows ingest changed since they were last saved (state.py), each in the
+        event context of its partition. Run before every offset commit (fastpath.py): the
+        changelog then holds every line of the records whose offsets are committed."""
+        for partition in self.cache.partitions_changed():
+            changed = self.cache.take_changed(partition)
+            token = _current_event.set(weakref.ref(self._context_event[partition]))
+            try:
+                for key, window in changed.items():
+                    self.store.save(key, window)
+            finally:
+                _current_event.reset(token)
 
     def _release_decided(self, partition: int, now: float) -> None:
         """Free the windows of attempts decided at least RELEASE_AFTER_S ago."""

@@ -85,6 +85,10 @@ def build_app(settings: Settings) -> Topology:
         broker_heartbeat_interval=max(0.5, settings.session_timeout_ms / 6000.0),
         broker_rebalance_timeout=max(settings.session_timeout_ms / 1000.0 * 2, 10.0),
         broker_commit_interval=1.0,
+        # Commits on that timer: each saves the windows changed since the last (agents.py), and
+        # faust's default of a commit every 10,000 records made that three times a second at
+        # ingest speed. This count only bounds a replay at rates the timer cannot.
+        broker_commit_every=200_000,
         producer_linger=0.005,
         producer_max_request_size=4 * 1024 * 1024,
         stream_buffer_maxsize=8192,
@@ -96,11 +100,14 @@ def build_app(settings: Settings) -> Topology:
     )
     t = settings.topic
     part = {"partitions": settings.partitions}
-    # The topics the agents read in batches, without a faust Event per record (bulk.py).
-    logs = BulkTopic(app, topics=[t("logs")], **RAW, **part)
-    job_events = BulkTopic(app, topics=[t("job-events")], **RAW, **part)
-    decide_requests = BulkTopic(app, topics=[t("decide-requests")], internal=True, **RAW,
-                                **part)
+    def bulk_topic(name: str, **kwargs: Any) -> BulkTopic:
+        """A topic the agents read in batches, a fetch at a time (bulk.py)."""
+        app.bulk_topics.add(name)
+        return BulkTopic(app, topics=[name], **RAW, **part, **kwargs)
+
+    logs = bulk_topic(t("logs"))
+    job_events = bulk_topic(t("job-events"))
+    decide_requests = bulk_topic(t("decide-requests"), internal=True)
     decisions = app.topic(t("decisions"), **RAW, **part)
     deadletter = app.topic(t("deadletter"), **RAW)
     labels = app.topic(t("labels"), **RAW, **part)

@@ -1,19 +1,20 @@
-"""Records taken from faust's consumer in batches, without a faust Event per record.
+"""Records taken from faust's consumer in batches, without a faust message or Event per record.
 
 One-line log records (what syslog-ng, rsyslog and Fluent Bit send) cost the worker ~100-170 µs of
 CPU each where a bare aiokafka loop spends 2-5 µs. Most of it was faust's per-record path
-after the fetch: the topic's schema decoding each record into an ``Event``, the stream's
-per-event iterator (processors, sensors, the current-event bookkeeping), ``take_events``'
-background buffering (a coroutine per record, events handed over through ``asyncio.Event``)
-and one acknowledgement call per event through the stream.
+after the fetch: a faust message per record, its offset checks and hand-off to the topic
+conductor in the fetch loop, the topic's schema decoding it into an ``Event``, the stream's
+per-event iterator, ``take_events``' background buffering and one acknowledgement per record.
 
 A :class:`BulkTopic` keeps faust's consumer, conductor and agents (fetching, rebalancing, the
-co-partitioning assignor, flow control and buffer pressure, one actor per isolated partition)
-and drops the rest: its records reach the partition's queue as :class:`RecordEvent` (the bare
-message), and :func:`batches` takes them off the queue in batches. A record is acknowledged
-(its offset may be committed) only once the work on its batch has ended (:func:`acked`); a
-batch taken and never worked on (its partition was revoked meanwhile) is never acknowledged,
-and whoever owns the partition next reads it again. :func:`consume` is an agent's whole loop.
+co-partitioning assignor, flow control and buffer pressure, one actor per isolated partition,
+offset commits) and drops the rest: the consumer (fastpath.py) hands the conductor what one
+fetch returned for a partition as one :class:`BulkMessage` (its records as
+:class:`RecordEvent`), which reaches the partition's queue as it is, and :func:`batches` takes
+the records off the queue in batches. A message is acknowledged (its offsets may be committed)
+only once the work on the batch that took its last record has ended (:func:`acked`); records
+taken and never worked on (their partition was revoked meanwhile) are never acknowledged, and
+whoever owns the partition next reads them again. :func:`consume` is an agent's whole loop.
 """
 
 from __future__ import annotations
@@ -21,74 +22,157 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import AsyncGenerator, Awaitable, Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 import faust
-from faust.types import Message
+from faust.types import TP, Message
+from faust.types.tuples import ConsumerMessage
 
-__all__ = ["BulkTopic", "RecordEvent", "acked", "batches", "consume", "finish"]
+__all__ = ["BULK_QUEUE_MESSAGES", "Batch", "BulkMessage", "BulkTopic", "Record", "RecordEvent",
+           "acked", "batches", "consume", "finish"]
 
 T = TypeVar("T")
+
+# Messages (fetches of one partition, up to a fetch's bytes each) a bulk topic's partition
+# queues at most; past a share of it the consumer stops fetching the partition (faust's buffer
+# pressure). faust's default of thousands was sized for one record per message.
+BULK_QUEUE_MESSAGES = 64
+
+
+@dataclass(frozen=True, slots=True)
+class Record:
+    """The fields of a record the agents read (``timestamp`` in seconds)."""
+
+    topic: str
+    partition: int
+    offset: int
+    key: bytes | None
+    value: bytes | None
+    timestamp: float
 
 
 @dataclass(frozen=True, slots=True, weakref_slot=True)  # agents hold a weakref (in_event)
 class RecordEvent:
     """A record as the agents read it: ``message`` has ``topic``, ``partition``,
-    ``offset``, ``key``, ``value`` and ``timestamp`` (a faust message, or a record read
-    again by gaps.py)."""
+    ``offset``, ``key``, ``value`` and ``timestamp`` (a :class:`Record`)."""
 
     message: Any
 
 
-async def _as_record_event(message: Message, *, propagate: bool = False) -> RecordEvent:
-    return RecordEvent(message)
+class BulkMessage(ConsumerMessage):
+    """The records of one partition that one fetch returned, as one faust message.
+
+    Its ``offset`` is the last record's. Acknowledging it acknowledges every offset from
+    ``ack_from`` to that one (``FastDrainConsumer.ack``): the records' own, and the offsets
+    in between that hold none (transaction markers, compacted records), which faust's fetch
+    loop would have noted as gaps."""
+
+    __slots__ = ("ack_from", "events")
+
+    def __init__(self, tp: TP, records: Sequence[Any], ack_from: int,
+                 generation_id: int | None) -> None:
+        topic, partition = tp
+        last = records[-1]
+        super().__init__(topic, partition, last.offset, last.timestamp / 1000.0,
+                         last.timestamp_type, None, None, None, None, tp=tp,
+                         generation_id=generation_id)
+        self.ack_from = ack_from
+        self.events = [RecordEvent(Record(topic, partition, r.offset, r.key, r.value,
+                                          r.timestamp / 1000.0)) for r in records]
+
+
+async def _as_queued(message: Message, *, propagate: bool = False) -> Message:
+    if not isinstance(message, BulkMessage):
+        raise TypeError(f"{message.topic} is a bulk topic, but a consumer without bulk "
+                        "delivery (fastpath.SibyllaApp) handed it a single record")
+    return message
 
 
 class BulkTopic(faust.Topic):
-    """A raw topic whose records are queued as :class:`RecordEvent`, not decoded events.
+    """A raw topic whose partitions queue :class:`BulkMessage`, not decoded events.
 
-    Only for agents that read it through :func:`batches`: a faust stream over it would get
-    objects that are not events."""
+    Only for agents that read it through :func:`batches`, in an app whose consumer delivers
+    it in bulk (``fastpath.SibyllaApp``; register its name in ``app.bulk_topics``)."""
+
+    def __init__(self, *args: Any, maxsize: int | None = BULK_QUEUE_MESSAGES,
+                 **kwargs: Any) -> None:
+        super().__init__(*args, maxsize=maxsize, **kwargs)
 
     def _compile_decode(self) -> None:
-        self.decode = _as_record_event  # type: ignore[method-assign, assignment]
+        self.decode = _as_queued  # type: ignore[method-assign, assignment]
 
 
-def _take(unacked: Any, event: RecordEvent, batch: list[RecordEvent]) -> None:
-    # Tracked as faust's stream tracks the events it takes: a rebalance, and a shutdown,
-    # wait until these are acknowledged before they commit (Consumer.wait_empty).
-    message = event.message
-    message.tracked = True
-    unacked.add(message)
-    batch.append(event)
+@dataclass(slots=True)
+class Batch:
+    """Records to work on, and the messages to acknowledge once that work has ended: those
+    whose last record is in this batch (an earlier batch may have taken their first ones)."""
+
+    events: list[RecordEvent] = field(default_factory=list)
+    messages: list[Message] = field(default_factory=list)
 
 
-def _drain(queue: Any, unacked: Any, batch: list[RecordEvent], max_records: int) -> None:
-    get = queue.get_nowait  # also tells faust's consumer when the queue's pressure drops
-    while len(batch) < max_records and not queue.empty():
-        _take(unacked, get(), batch)
+class _Taker:
+    """Takes records off a partition's queue into batches, splitting a message between
+    batches where it holds more than a batch has room for."""
+
+    def __init__(self, queue: Any, unacked: Any) -> None:
+        self.queue = queue
+        self.unacked = unacked
+        self.held: BulkMessage | None = None  # a message some of whose records are taken
+        self.taken = 0  # of the held message's records
+
+    def _hold(self, message: BulkMessage) -> None:
+        self.held, self.taken = message, 0
+
+    async def wait(self) -> None:
+        """Until there is a message to take from (faust ends a revoked partition's actor
+        by throwing StopAsyncIteration into its queue)."""
+        if self.held is None:
+            self._hold(await self.queue.get())
+
+    def fill(self, batch: Batch, max_records: int) -> None:
+        """Add what is held and queued to ``batch``, up to ``max_records`` records."""
+        get = self.queue.get_nowait  # also tells faust's consumer when the pressure drops
+        while len(batch.events) < max_records:
+            if self.held is None:
+                if self.queue.empty():
+                    return
+                self._hold(get())
+            message = self.held
+            assert message is not None
+            room = max_records - len(batch.events)
+            batch.events.extend(message.events[self.taken:self.taken + room])
+            self.taken += room
+            if self.taken >= len(message.events):
+                # In hand from now on, as faust's stream tracks what it takes: a rebalance,
+                # and a shutdown, wait until it is acknowledged before they commit
+                # (Consumer.wait_empty). Not before: a partition revoked while a message
+                # was split would wait for records no agent will work on.
+                message.tracked = True
+                self.unacked.add(message)
+                batch.messages.append(message)
+                self.held = None
 
 
 async def batches(stream: Any, max_records: int, within_s: float
-                  ) -> AsyncGenerator[list[RecordEvent], None]:
+                  ) -> AsyncGenerator[Batch, None]:
     """Batches of an agent's records, each of at most ``max_records``: what is queued when
     the first record comes, then what came within ``within_s`` if that was fewer.
 
     ``stream`` is the stream faust hands an agent on a :class:`BulkTopic`; only its channel
-    is used. Acknowledge each batch with :func:`acked` once it is finished."""
+    is used. Acknowledge each batch's messages with :func:`acked` once it is finished."""
     channel = aiter(stream.channel)  # registers the partition's channel with the conductor
-    queue = channel.queue
-    unacked = channel.app.consumer.unacked
+    taker = _Taker(channel.queue, channel.app.consumer.unacked)
     try:
         while True:
-            batch: list[RecordEvent] = []
+            batch = Batch()
             try:
-                _take(unacked, await queue.get(), batch)
-                _drain(queue, unacked, batch, max_records)
-                if len(batch) < max_records and within_s > 0:
+                await taker.wait()
+                taker.fill(batch, max_records)
+                if len(batch.events) < max_records and within_s > 0:
                     await asyncio.sleep(within_s)
-                    _drain(queue, unacked, batch, max_records)
+                    taker.fill(batch, max_records)
             except StopAsyncIteration:
                 # faust ends the actor of a revoked partition by throwing this into its
                 # queue, after the rebalance waited for the batches in hand; what is left
@@ -99,9 +183,9 @@ async def batches(stream: Any, max_records: int, within_s: float
         channel.on_stop_iteration()  # an isolated partition's channel leaves the conductor
 
 
-async def acked(work: Awaitable[None], consumer: Any, events: Sequence[RecordEvent]) -> None:
-    """Await a batch's ``work``, then acknowledge its records to faust's consumer, which
-    commits offsets only up to the first record not acknowledged.
+async def acked(work: Awaitable[None], consumer: Any, messages: Sequence[Message]) -> None:
+    """Await a batch's ``work``, then acknowledge ``messages`` to faust's consumer, which
+    commits offsets only up to the first one not acknowledged.
 
     Never before the work has ended; but also when it failed, as ``take_events`` does. Such
     a batch is not lost: the agents that must not lose a record read again whatever follows
@@ -110,8 +194,8 @@ async def acked(work: Awaitable[None], consumer: Any, events: Sequence[RecordEve
     try:
         await work
     finally:
-        for event in events:
-            event.message.ack(consumer)
+        for message in messages:
+            message.ack(consumer)
 
 
 async def finish(work: Awaitable[T]) -> T:
@@ -147,5 +231,5 @@ async def consume(stream: Any, work: Callable[[Sequence[RecordEvent]], Awaitable
     # leaves the conductor before faust's next assignment looks at it.
     with contextlib.suppress(asyncio.CancelledError):
         async with contextlib.aclosing(batches(stream, max_records, within_s)) as taken:
-            async for events in taken:
-                await finish(acked(work(events), consumer, events))
+            async for batch in taken:
+                await finish(acked(work(batch.events), consumer, batch.messages))

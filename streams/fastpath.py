@@ -1,4 +1,4 @@
-"""Three cuts in faust's per-message cost and latency.
+"""Cuts in faust's per-message cost and latency.
 
 Profiling a trivial agent on Tansu (see bench/README) showed that faust's fetch loop hands each
 message to the topic conductor through ``Service.wait_first(callback(message),
@@ -27,19 +27,32 @@ sleep.
 And :attr:`SibyllaApp.join_hooks` run as each group join begins: the worker starts loading
 its model there (worker.py).
 
+And :attr:`SibyllaApp.commit_hooks` run before each offset commit, and the commit waits until
+the broker holds every record they and the agents sent: faust's own flush gives up waiting on
+its send buffer after 0.1 s without progress.
+
+And the records of the topics in :attr:`SibyllaApp.bulk_topics` skip faust's per-record fetch
+loop: what one fetch returned for a partition goes to the conductor as one
+:class:`~sibylla.streams.bulk.BulkMessage` (bulk.py), with the fetch loop's checks done once
+for the batch, and its acknowledgement acknowledges the batch's offsets together.
+
 All are selected by :class:`SibyllaApp`, so no global monkeypatching.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Coroutine, Generator
+from collections.abc import Awaitable, Callable, Coroutine, Generator, Sequence
 from typing import Any
 
 import faust
 from faust.tables.manager import TableManager
 from faust.transport.drivers import aiokafka as aiokafka_driver
-from faust.types import ProducerT, TransportT
+from faust.types import TP, Message, ProducerT, TransportT
+from faust.types.tuples import ack_lock
+from mode.utils.futures import notify
+
+from sibylla.streams.bulk import BulkMessage
 
 __all__ = ["FETCH_MAX_WAIT_MS", "PRODUCER_BUFFER_MAX_MESSAGES", "SibyllaApp"]
 
@@ -101,10 +114,93 @@ class _ConsumerThread(aiokafka_driver.AIOKafkaConsumerThread):
 
 
 class FastDrainConsumer(aiokafka_driver.Consumer):
-    """faust's aiokafka consumer with the per-message race taken off the common path."""
+    """faust's aiokafka consumer with the per-message race taken off the common path, and
+    the records of bulk topics delivered a fetch of a partition at a time."""
 
     def _new_consumer_thread(self) -> _ConsumerThread:
         return _ConsumerThread(self, loop=self.loop, beacon=self.beacon)
+
+    async def _wait_next_records(self, timeout: float) -> tuple[Any, Any]:
+        # faust's getmany calls this for each fetch, then hands the records it returns to
+        # its fetch loop one at a time; the bulk topics' records are delivered here instead.
+        records, active = await super()._wait_next_records(timeout)
+        bulk_topics = self.app.bulk_topics  # type: ignore[attr-defined]  # a SibyllaApp's
+        if not records or not bulk_topics:
+            return records, active
+        rest: dict[TP, Any] = {}
+        generation = self.app.consumer_generation_id
+        for tp, batch in records.items():
+            if tp.topic not in bulk_topics:
+                rest[tp] = batch
+            elif not self.flow_active or self.should_stop or (
+                    self.app.consumer_generation_id != generation):
+                # as faust's getmany: a rebalance began; what this fetch returned is read
+                # again from the committed offsets
+                return {}, active
+            elif active is None or tp in active or tp in self._buffered_partitions:
+                await self._deliver_bulk(tp, batch, generation)
+        return rest, active
+
+    async def _deliver_bulk(self, tp: TP, records: Sequence[Any], generation: int) -> None:
+        """What faust's fetch loop does for each record (_drain_messages), once for the
+        partition's batch: drop what lies below the read offset (read again after a seek),
+        commit every ``commit_every`` acknowledgements, hand the conductor the message, move
+        the read offset."""
+        read = self._read_offset[tp]
+        if read is not None and records[0].offset < read:
+            records = [r for r in records if r.offset >= read]
+            if not records:
+                return
+        first = records[0].offset
+        # Offsets between the last read and this batch hold no record (markers, compaction):
+        # acknowledged with the batch, as faust's fetch loop notes them as a gap.
+        ack_from = read + 1 if read and read < first else first
+        self.app.monitor.track_tp_end_offset(tp, self.highwater(tp))
+        if self._commit_every is not None and self._n_acked >= self._commit_every:
+            self._n_acked = 0
+            await self.commit()
+        await self.wait_first(self.callback(BulkMessage(tp, records, ack_from, generation)),
+                              self.suspend_flow.wait())
+        self._read_offset[tp] = records[-1].offset
+
+    async def _commit_offsets(self, offsets: Any, start_new_transaction: bool = True) -> bool:
+        app: Any = self.app
+        for hook in app.commit_hooks:
+            await hook()
+        # faust's flush below gives up on its send buffer once 0.1 s pass with no record sent,
+        # and commits anyway. Wait until what is buffered now (the hooks' records, the agents'
+        # before them: the buffer is FIFO) has gone to the client, whose own flush then waits
+        # for the broker; a broker away holds the commit back (it would fail anyway), except
+        # when stopping. Not until the buffer is empty: under load it never is.
+        buffer = app.producer.buffer
+        ahead = buffer.size
+        while ahead > 0 and buffer.size and not self.should_stop:
+            ahead -= await buffer.flush_atmost(ahead)
+        return await super()._commit_offsets(offsets, start_new_transaction)
+
+    def ack(self, message: Message) -> bool:
+        if not isinstance(message, BulkMessage):
+            return super().ack(message)
+        with ack_lock:  # faust's, for the reasons Consumer.ack gives
+            if message.acked:
+                return False
+            message.acked = True
+            self._unacked_messages.discard(message)
+            tp = message.tp
+            try:
+                if not self.app.topics.acks_enabled_for(message.topic):
+                    return False
+                committed = self._committed_offset[tp]
+                low = message.ack_from if committed is None else max(message.ack_from,
+                                                                     committed)
+                index = self._acked_index[tp]
+                fresh = set(range(low, message.offset + 1)) - index
+                index.update(fresh)
+                self._acked[tp].extend(fresh)  # sorted when a commit reads it
+                self._n_acked += len(fresh)
+                return bool(fresh)
+            finally:
+                notify(self._waiting_for_ack)
 
     async def wait_first(self, *coros: Any, timeout: Any = None) -> Any:
         if timeout is None and len(coros) == 2 and _is_wait_of(coros[1], self.suspend_flow):
@@ -138,6 +234,12 @@ class SibyllaApp(faust.App):
         super().__init__(*args, TableManager=_TableManager, **kwargs)
         # Called as each group join begins, in the consumer's thread: quick, thread-safe.
         self.join_hooks: list[Callable[[], None]] = []
+        # Topics whose records go to their agents a fetch at a time (bulk.py); read only
+        # through bulk.batches.
+        self.bulk_topics: set[str] = set()
+        # Awaited before each offset commit, in the task that commits: what they write to
+        # tables or topics is on the broker before the offsets are (FastDrainConsumer).
+        self.commit_hooks: list[Callable[[], Awaitable[None]]] = []
 
     def on_rebalance_start(self) -> None:
         # faust calls this from the rebalance listener before the consumer sends its

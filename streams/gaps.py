@@ -22,10 +22,9 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any
 
-from sibylla.streams.bulk import RecordEvent
+from sibylla.streams.bulk import Record, RecordEvent
 from sibylla.streams.reread import PartitionReader
 from sibylla.streams.state import live_get
 
@@ -35,18 +34,6 @@ log = logging.getLogger(__name__)
 
 STALL_S = 5.0  # no progress this long with records left: the consumer skipped them
 STALL_FETCH_MAX = 5000  # records read again per stall at most (the rest on the next check)
-
-
-@dataclass(frozen=True, slots=True)
-class _Message:
-    """The fields of a faust message the agents read, for a record fetched by us."""
-
-    topic: str
-    partition: int
-    offset: int
-    key: bytes | None
-    value: bytes | None
-    timestamp: float
 
 
 class GapFiller:
@@ -128,5 +115,5 @@ class GapFiller:
                      ) -> list[RecordEvent]:
         """Records ``start`` (inclusive) to ``end`` (exclusive) of a partition, as events."""
         records = await self.reader.read_range(topic, partition, start, end)
-        return [RecordEvent(_Message(topic, partition, r.offset, r.key, r.value, r.timestamp))
+        return [RecordEvent(Record(topic, partition, r.offset, r.key, r.value, r.timestamp))
                 for r in records]

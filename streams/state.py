@@ -4,6 +4,12 @@ The faust table is the durable copy (its changelog survives a crash, its store a
 decoding a window from it on every batch would cost more than the ingest itself, so the live
 windows of the partitions this worker owns stay decoded here. Windows are grouped by partition
 so a rebalance can drop exactly the ones that moved away.
+
+Ingest changes a window in memory and notes it (:meth:`WindowCache.changed`); the changed
+windows are saved together before faust commits the offsets of the records that changed them
+(agents.py), not after every batch: with one-line records from many jobs a batch touches nearly
+as many windows as it holds records, and a save per touched window was a changelog record per
+line.
 """
 
 from __future__ import annotations
@@ -54,6 +60,7 @@ class WindowCache:
         self.store = store
         self.partitions = partitions
         self._by_partition: dict[int, dict[str, TailWindow]] = {}
+        self._changed: dict[int, dict[str, TailWindow]] = {}  # not saved since they changed
 
     def _part(self, partition: int) -> dict[str, TailWindow]:
         part = self._by_partition.get(partition)
@@ -87,13 +94,30 @@ class WindowCache:
         return window
 
     def pop(self, partition: int, key: str) -> TailWindow | None:
+        """Remove a window (its attempt was decided, completed or expired); a change not
+        saved yet is dropped with it."""
+        self._changed.get(partition, {}).pop(key, None)
         return self._part(partition).pop(key, None)
+
+    def changed(self, partition: int, windows: dict[str, TailWindow]) -> None:
+        """Note windows ingest changed; :meth:`take_changed` hands them to be saved."""
+        self._changed.setdefault(partition, {}).update(windows)
+
+    def take_changed(self, partition: int) -> dict[str, TailWindow]:
+        """The windows of ``partition`` changed since the last call, by key."""
+        return self._changed.pop(partition, {})
+
+    def partitions_changed(self) -> list[int]:
+        return [p for p, windows in self._changed.items() if windows]
 
     def items(self, partition: int) -> Iterator[tuple[str, TailWindow]]:
         return iter(list(self._part(partition).items()))
 
     def forget(self, partition: int) -> None:
-        """Drop a partition this worker no longer owns (its table copy stays durable)."""
+        """Drop a partition this worker no longer owns (its table copy stays durable). Changes
+        not saved yet go too: they came from records after the last commit (each commit saves
+        first), which the partition's next owner reads again."""
+        self._changed.pop(partition, None)
         self._by_partition.pop(partition, None)
 
     def __len__(self) -> int:

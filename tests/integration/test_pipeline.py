@@ -19,6 +19,7 @@ from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
 
 from sibylla.settings import Settings
 from sibylla.streams.keys import attempt_key, partition_of
+from sibylla.streams.lag import LagProbe
 from sibylla.streams.ship import Shipper
 from sibylla.streams.topics import changelog_topic, ensure_topics
 from tests.integration.fixtures import (
@@ -305,17 +306,35 @@ def test_a_worker_whose_state_lost_a_decision_does_not_decide_it_again(
 def test_a_killed_worker_loses_no_line_and_no_decision(broker, unique_prefix: str,
                                                        tmp_path: Path) -> None:
     """SIGKILL mid-stream, restart on the same data dir: every job decided once, every line
-    counted exactly once (windows restored from the changelog, replays recognised)."""
+    counted exactly once (windows restored from the changelog, replays recognised).
+
+    Killed after a commit, with lines taken in since: windows are saved before each commit
+    (agents.py), so the changelog holds the first lines and the second worker reads the
+    others again."""
     settings = make_settings(broker.bootstrap_servers, unique_prefix, tmp_path,
                              store="rocksdb")
     jobs = [f"job-{i:02d}" for i in range(16)]
     noise = [f"step {s} loss {1.0 / (s + 1):.4f} lr 3e-4" for s in range(300)]
+    committed_part = 200
 
-    async def first_half() -> None:
+    async def ship_noise(lines: list[str]) -> None:
         async with Shipper(settings) as shipper:
             for job in jobs:
-                await shipper.send_lines(job, noise, batch_lines=20)
+                await shipper.send_lines(job, lines, batch_lines=20)
             await shipper.flush()
+
+    async def logs_committed() -> None:
+        probe = LagProbe(settings, [settings.topic("logs")])
+        try:
+            deadline = time.monotonic() + 60
+            while time.monotonic() < deadline:
+                lags = await probe.lag()
+                if lags and not any(lags.values()):
+                    return
+                await asyncio.sleep(0.05)
+            raise AssertionError("the worker committed nothing within 60 s")
+        finally:
+            await probe.close()
 
     async def second_half() -> list:
         async with Shipper(settings) as shipper:
@@ -327,15 +346,17 @@ def test_a_killed_worker_loses_no_line_and_no_decision(broker, unique_prefix: st
 
     worker = start_worker(settings, tmp_path, "first")
     try:
-        asyncio.run(first_half())
-        # Kill it once it has taken in part of the first half (windows and offsets in flight).
+        asyncio.run(ship_noise(noise[:committed_part]))
+        asyncio.run(logs_committed())
+        asyncio.run(ship_noise(noise[committed_part:]))
+        # Kill it once it has taken in some of the rest: those windows changed since the
+        # commit, and (commits come once a second) most likely not saved yet.
         deadline = time.monotonic() + 60
-        while (metric(worker.metrics_text(), "sibylla_log_lines_ingested_total") == 0
-               and time.monotonic() < deadline):
-            time.sleep(0.05)
-        # Else the crash would come before any state: not the crash this test is about.
-        assert metric(worker.metrics_text(), "sibylla_log_lines_ingested_total") > 0, \
-            worker.tail()
+        while (metric(worker.metrics_text(), "sibylla_log_lines_ingested_total")
+               <= committed_part * len(jobs) and time.monotonic() < deadline):
+            time.sleep(0.01)
+        assert metric(worker.metrics_text(), "sibylla_log_lines_ingested_total") > \
+            committed_part * len(jobs), worker.tail()
         worker.kill()
     finally:
         worker.kill()

@@ -8,17 +8,25 @@ from typing import Any
 
 import faust
 import pytest
+from aiokafka.structs import ConsumerRecord
 from faust.types import TP, Message
 from faust.types.tuples import ConsumerMessage
 
-from sibylla.streams.bulk import BulkTopic, RecordEvent, acked, batches, consume, finish
+from sibylla.streams.bulk import BulkMessage, BulkTopic, acked, batches, consume, finish
 
 TOPIC = "sibylla.logs"
+PARTITION = TP(TOPIC, 0)
 
 
-def _message(offset: int) -> Message:
-    """A record as faust's Kafka consumer hands it on."""
-    return ConsumerMessage(TOPIC, 0, offset, 0.0, 0, None, b"job", b"{}", None)
+def _record(offset: int) -> ConsumerRecord[bytes, bytes]:
+    """A record as aiokafka's fetcher returns it (timestamp in milliseconds)."""
+    return ConsumerRecord(TOPIC, 0, offset, 1_700_000_000_000 + offset, 0, b"job", b"{}", None,
+                          3, 2, [])
+
+
+def _fetched(*offsets: int) -> BulkMessage:
+    """What the consumer hands the conductor for one fetch of the partition."""
+    return BulkMessage(PARTITION, [_record(o) for o in offsets], offsets[0], generation_id=1)
 
 
 class _Consumer:
@@ -40,16 +48,27 @@ def app() -> faust.App:
 def _partition_stream(app: faust.App) -> Any:
     """What faust hands the agent of one isolated partition: a stream over its channel."""
     topic = BulkTopic(app, topics=[TOPIC], key_serializer="raw", value_serializer="raw")
-    return SimpleNamespace(channel=topic.clone(active_partitions={TP(TOPIC, 0)}))
+    return SimpleNamespace(channel=topic.clone(active_partitions={PARTITION}))
 
 
-async def test_the_conductor_queues_the_bare_record_not_a_decoded_event(app: faust.App
-                                                                        ) -> None:
-    stream = _partition_stream(app)
-    message = _message(7)
-    event = await aiter(stream.channel).decode(message, propagate=True)
-    assert event == RecordEvent(message)
-    assert event.message.value == b"{}" and event.message.offset == 7
+def test_a_fetch_becomes_one_message_whose_records_the_agents_read() -> None:
+    message = _fetched(5, 6, 8)
+    assert message.offset == 8 and message.tp == PARTITION
+    assert [e.message.offset for e in message.events] == [5, 6, 8]
+    record = message.events[0].message
+    assert (record.topic, record.partition, record.key, record.value) == (TOPIC, 0, b"job",
+                                                                          b"{}")
+    assert record.timestamp == pytest.approx(1_700_000_000.005)  # seconds, as faust's
+
+
+async def test_the_conductor_queues_the_fetch_as_it_is_and_refuses_a_single_record(
+        app: faust.App) -> None:
+    channel = aiter(_partition_stream(app).channel)
+    message = _fetched(7)
+    assert await channel.decode(message, propagate=True) is message
+    single = ConsumerMessage(TOPIC, 0, 7, 0.0, 0, None, b"job", b"{}", None)
+    with pytest.raises(TypeError, match="sibylla.logs is a bulk topic"):
+        await channel.decode(single, propagate=True)
 
 
 async def test_a_batch_holds_what_is_queued_up_to_its_limit_then_what_came_within_the_wait(
@@ -58,18 +77,24 @@ async def test_a_batch_holds_what_is_queued_up_to_its_limit_then_what_came_withi
     taken = batches(stream, max_records=3, within_s=0.05)
     first = asyncio.ensure_future(anext(taken))
     await asyncio.sleep(0)  # the agent now waits on the partition's queue
-    channel = next(c for c in app.topics if c.active_partitions == {TP(TOPIC, 0)})
-    for offset in range(4):
-        channel.queue.put_nowait(RecordEvent(_message(offset)))
+    channel = next(c for c in app.topics if c.active_partitions == {PARTITION})
+    whole, split = _fetched(0, 1), _fetched(2, 3)
+    channel.queue.put_nowait(whole)
+    channel.queue.put_nowait(split)
     batch = await first
-    assert [e.message.offset for e in batch] == [0, 1, 2]
-    # in hand until acknowledged: a rebalance or a shutdown waits for them before it commits
-    assert all(e.message in app.consumer.unacked for e in batch)
+    assert [e.message.offset for e in batch.events] == [0, 1, 2]
+    # only the message all of whose records are taken is acknowledged with this batch, and
+    # in hand until then: a rebalance or a shutdown waits for it before it commits
+    assert batch.messages == [whole]
+    assert whole in app.consumer.unacked and split not in app.consumer.unacked
 
     second = asyncio.ensure_future(anext(taken))
     await asyncio.sleep(0.01)
-    channel.queue.put_nowait(RecordEvent(_message(4)))  # within the wait: same batch
-    assert [e.message.offset for e in await second] == [3, 4]
+    later = _fetched(4)
+    channel.queue.put_nowait(later)  # within the wait: same batch
+    batch = await second
+    assert [e.message.offset for e in batch.events] == [3, 4]
+    assert batch.messages == [split, later]
     await taken.aclose()
 
 
@@ -79,7 +104,7 @@ async def test_a_partitions_channel_leaves_the_conductor_when_its_agent_stops(
     taken = batches(stream, max_records=10, within_s=0.0)
     pending = asyncio.ensure_future(anext(taken))
     await asyncio.sleep(0)
-    assert [c.active_partitions for c in app.topics] == [{TP(TOPIC, 0)}]
+    assert [c.active_partitions for c in app.topics] == [{PARTITION}]
     pending.cancel()  # faust cancels the actor of a revoked partition
     with pytest.raises(asyncio.CancelledError):
         await pending
@@ -99,26 +124,25 @@ async def test_the_batches_end_when_faust_stops_a_revoked_partitions_actor(app: 
     assert list(app.topics) == []
 
 
-async def test_records_are_acknowledged_only_after_their_batch_finished() -> None:
+async def test_messages_are_acknowledged_only_after_their_batch_finished() -> None:
     consumer = _Consumer()
-    events = [RecordEvent(_message(offset)) for offset in (10, 11, 12)]
-    for event in events:
-        event.message.incref()  # as faust's conductor does when it queues a record
+    messages = [_fetched(10, 11), _fetched(12)]
+    for message in messages:
+        message.incref()  # as faust's conductor does when it queues a message
     seen_before: list[int] = []
 
     async def work() -> None:
         seen_before.extend(consumer.acked)
 
-    await acked(work(), consumer, events)
+    await acked(work(), consumer, messages)
     assert seen_before == []
-    assert consumer.acked == [10, 11, 12]
+    assert consumer.acked == [11, 12]
 
 
 async def test_a_batch_whose_work_failed_is_acknowledged_once_it_ended() -> None:
     consumer = _Consumer()
-    events = [RecordEvent(_message(offset)) for offset in (20, 21)]
-    for event in events:
-        event.message.incref()
+    message = _fetched(20, 21)
+    message.incref()
     seen_before: list[int] = []
 
     async def work() -> None:
@@ -126,10 +150,10 @@ async def test_a_batch_whose_work_failed_is_acknowledged_once_it_ended() -> None
         raise RuntimeError("store gone")
 
     with pytest.raises(RuntimeError, match="store gone"):
-        await acked(work(), consumer, events)
+        await acked(work(), consumer, [message])
     assert seen_before == []
     # the partition's commits go on; gaps.py reads the failed records again
-    assert consumer.acked == [20, 21]
+    assert consumer.acked == [21]
 
 
 async def test_a_batch_cancelled_midway_still_finishes_before_the_cancellation_goes_on() -> None:
@@ -160,13 +184,12 @@ async def test_an_agent_cancelled_mid_batch_finishes_and_acknowledges_it_then_en
     agent = asyncio.ensure_future(consume(stream, work, max_records=10, within_s=0.0))
     await asyncio.sleep(0)
     channel = next(iter(app.topics))
-    messages = [_message(offset) for offset in (0, 1)]
-    for message in messages:
-        message.incref()
-        channel.queue.put_nowait(RecordEvent(message))
+    message = _fetched(0, 1)
+    message.incref()
+    channel.queue.put_nowait(message)
     await asyncio.sleep(0.005)  # the batch is being worked on
     agent.cancel()  # faust revokes the partition
     await agent  # no CancelledError: faust would count it as a crash
     assert worked == [0, 1]
-    assert all(message.acked for message in messages)
+    assert message.acked
     assert list(app.topics) == []

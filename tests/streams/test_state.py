@@ -1,4 +1,5 @@
-"""The decoded window cache rebuilds a partition's windows from the durable table."""
+"""The decoded window cache rebuilds a partition's windows from the durable table and notes which
+windows changed since they were saved."""
 
 from __future__ import annotations
 
@@ -53,6 +54,20 @@ def test_a_revoked_partition_is_forgotten_and_reloaded_on_demand() -> None:
     cache.get_or_create(p, attempt_key("a", 0)).extend(["more"], now=2.0)
     cache.forget(p)
     assert list(cache.get(p, attempt_key("a", 0)).tail) == ["a line"]  # the durable copy
+
+
+def test_changed_windows_are_handed_over_once_and_never_after_they_are_dropped() -> None:
+    cache = WindowCache(_store_with([]), PARTITIONS)
+    windows = {job: cache.get_or_create(0, attempt_key(job, 0)) for job in ("a", "b", "c")}
+    cache.changed(0, {attempt_key(job, 0): w for job, w in windows.items()})
+    cache.pop(0, attempt_key("b", 0))  # decided meanwhile: its window must not come back
+    assert cache.partitions_changed() == [0]
+    assert list(cache.take_changed(0)) == [attempt_key("a", 0), attempt_key("c", 0)]
+    assert cache.take_changed(0) == {} and cache.partitions_changed() == []
+
+    cache.changed(1, {attempt_key("d", 0): cache.get_or_create(1, attempt_key("d", 0))})
+    cache.forget(1)  # revoked: the records behind the change are read again by the next owner
+    assert cache.partitions_changed() == []
 
 
 def test_keys_and_live_items() -> None:
