@@ -70,7 +70,7 @@ from sibylla.streams.policy import CLASSIFIER_ERROR_CATEGORY
 from sibylla.streams.reread import PartitionReader
 from sibylla.streams.state import WindowCache, live_get, live_items, live_items_of
 from sibylla.streams.window import WindowLimits
-from sibylla.streams.window_store import WindowStore
+from sibylla.streams.window_store import SEGMENT_CHUNKS, WindowStore
 
 __all__ = ["Pipeline"]
 
@@ -92,6 +92,7 @@ CATCH_UP_LIMIT_S = 30.0  # longest wait past the grace period for ingest to catc
 # decided the attempt again on an empty window (seen in the fault campaign). Several commit
 # intervals later (each commit flushes the producer) the decided mark is durable.
 RELEASE_AFTER_S = 5.0
+SAVE_YIELD_EVERY = 200  # windows saved in a commit between two turns of the event loop
 STALL_CHECK_EVERY_S = 2.0
 # For this long after a worker gets a partition, its decisions are checked against the
 # decisions topic (ledger.py): replays after a restart or a hand-over come within the grace
@@ -417,7 +418,9 @@ class Pipeline:
         # Every table write below goes to this partition's changelogs.
         self.in_event(events[-1])
         self._context_event[partition] = events[-1]
-        self.cache.changed(partition, touched)  # saved before the next commit
+        for key, window in touched.items():  # their lines, a segment's worth at a time
+            self.store.save_chunks(key, window, SEGMENT_CHUNKS)
+        self.cache.changed(partition, touched)  # the rest, before the next commit
         for job_id, attempt in ended:
             if live_get(pending, attempt_key(job_id, attempt)) is not None:
                 await self._request_decision(job_id, attempt)
@@ -438,14 +441,23 @@ class Pipeline:
         """Save the windows ingest changed since they were last saved (state.py), each in the
         event context of its partition. Run before every offset commit (fastpath.py): the
         changelog then holds every line of the records whose offsets are committed."""
+        saved = 0
         for partition in self.cache.partitions_changed():
             changed = self.cache.take_changed(partition)
-            token = _current_event.set(weakref.ref(self._context_event[partition]))
-            try:
-                for key, window in changed.items():
+            event = self._context_event[partition]
+            for key, window in changed.items():
+                if not self.cache.holds(partition, key, window):
+                    continue  # freed while this commit let the agents run: not to come back
+                token = _current_event.set(weakref.ref(event))
+                try:
                     self.store.save(key, window)
-            finally:
-                _current_event.reset(token)
+                finally:
+                    _current_event.reset(token)
+                saved += 1
+                if saved % SAVE_YIELD_EVERY == 0:
+                    # Let the agents run: what they change now is in no offset this commit
+                    # covers (those were chosen before the hooks), and is saved by the next.
+                    await asyncio.sleep(0)
 
     def _release_decided(self, partition: int, now: float) -> None:
         """Free the windows of attempts decided at least RELEASE_AFTER_S ago."""

@@ -6,10 +6,10 @@ windows of the partitions this worker owns stay decoded here. Windows are groupe
 so a rebalance can drop exactly the ones that moved away.
 
 Ingest changes a window in memory and notes it (:meth:`WindowCache.changed`); the changed
-windows are saved together before faust commits the offsets of the records that changed them
-(agents.py), not after every batch: with one-line records from many jobs a batch touches nearly
-as many windows as it holds records, and a save per touched window was a changelog record per
-line.
+windows' headers are saved together before faust commits the offsets of the records that
+changed them (agents.py), not after every batch: with one-line records from many jobs a batch
+touches nearly as many windows as it holds records, and a header per touched window was a
+changelog record per line. (Their lines are written as they fill chunks: window_store.py.)
 """
 
 from __future__ import annotations
@@ -98,6 +98,10 @@ class WindowCache:
         saved yet is dropped with it."""
         self._changed.get(partition, {}).pop(key, None)
         return self._part(partition).pop(key, None)
+
+    def holds(self, partition: int, key: str, window: TailWindow) -> bool:
+        """Whether ``window`` is still the one held for ``key`` (never loads a partition)."""
+        return self._by_partition.get(partition, {}).get(key) is window
 
     def changed(self, partition: int, windows: dict[str, TailWindow]) -> None:
         """Note windows ingest changed; :meth:`take_changed` hands them to be saved."""

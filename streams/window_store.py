@@ -60,13 +60,33 @@ class WindowStore:
         self.chunk_lines = chunk_lines
 
     def save(self, key: str, window: TailWindow) -> None:
-        """Persist what changed since the window was last saved, then let the window
-        compress it (:meth:`TailWindow.compact`: the lines are read before that)."""
+        """Persist what changed since the window was last saved: the chunks completed since
+        (:meth:`save_chunks`), then the header."""
+        self.save_chunks(key, window)
+        c = self.chunk_lines
+        start, count = window.tail_start, window.line_count
+        open_lo = max(count // c * c, start)
+        self.headers[key] = orjson.dumps([
+            _FORMAT, count, window.tail_len, window.last_seen, window.eos, window.fe_state,
+            window.last_offset, window.first_error, open_lo, window.lines(open_lo - start),
+            list(window.saved_segments)])
+
+    def save_chunks(self, key: str, window: TailWindow, at_least: int = 0) -> None:
+        """Write the chunks completed since the window was last saved and drop those that
+        left the tail, once ``at_least`` chunks completed, then let the window compress them
+        (:meth:`TailWindow.compact`: the lines are read before that).
+
+        The chunks are written once and are most of a window's bytes: written as they
+        complete, a window holds few lines uncompressed whenever its header is saved. A
+        header saved later lists them; until then the one on the changelog does not, and a
+        restart rebuilds the window from that one and the records after it."""
         c = self.chunk_lines
         start, count = window.tail_start, window.line_count
         first, filling = start // c, count // c
-        segments = window.saved_segments
         new = max(first, window.saved_lines // c)  # the first chunk completed since
+        if filling - new < at_least:
+            return
+        segments = window.saved_segments
         for n in range(new, filling, SEGMENT_CHUNKS):
             lo, hi = max(n * c, start), min(n + SEGMENT_CHUNKS, filling) * c
             self.chunks[_chunk_key(key, n)] = orjson.dumps(
@@ -81,11 +101,6 @@ class WindowStore:
         for n in range(window.saved_first_chunk, first):
             if n not in segments:
                 self._drop(_chunk_key(key, n))
-        open_lo = max(filling * c, start)
-        self.headers[key] = orjson.dumps([
-            _FORMAT, count, window.tail_len, window.last_seen, window.eos, window.fe_state,
-            window.last_offset, window.first_error, open_lo, window.lines(open_lo - start),
-            list(segments)])
         window.saved_lines, window.saved_first_chunk = count, first
         window.compact()
 

@@ -21,15 +21,20 @@ def _store(limits: WindowLimits, chunk_lines: int) -> WindowStore:
 
 @settings(max_examples=300, deadline=None)
 @given(limits=LIMITS, batches=CHUNKS, chunk_lines=st.integers(1, 8),
-       saves=st.lists(st.booleans(), min_size=12, max_size=12))
+       saves=st.lists(st.sampled_from([None, 1, SEGMENT_CHUNKS, "all"]), min_size=12,
+                      max_size=12))
 def test_a_saved_window_loads_back_as_it_was(limits, batches, chunk_lines, saves) -> None:
+    # Between saves (the worker saves at each commit), ingest writes the chunks completed
+    # (save_chunks) once there are at least 1 or SEGMENT_CHUNKS of them.
     store = _store(limits, chunk_lines)
     window = TailWindow(limits)
     for i, (batch, save) in enumerate(zip(batches, saves, strict=False)):
         window.extend(batch + ([] if i else ["Traceback (most recent call last):"]), now=i)
         window.last_offset = i
-        if save or i == len(batches) - 1:
+        if save == "all" or i == len(batches) - 1:
             store.save("0:job", window)
+        elif save is not None:
+            store.save_chunks("0:job", window, save)
     again = store.load("0:job", store.headers["0:job"])
     assert list(again.tail) == list(window.tail)
     assert again.first_error == window.first_error
