@@ -497,13 +497,8 @@ async def wait_committed(settings: Settings, topic: str, timeout_s: float = 30.0
     save of what those records changed (the windows, agents.py), work the lines caused."""
     probe = LagProbe(settings, [topic])
     try:
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            lags = await probe.lag()
-            if lags and not any(lags.values()):
-                return
-            await asyncio.sleep(POLL_S)
-        raise RuntimeError(f"{topic} not committed within {timeout_s} s")
+        if not await probe.all_committed(timeout_s, POLL_S):
+            raise RuntimeError(f"{topic} not committed within {timeout_s} s")
     finally:
         await probe.close()
 

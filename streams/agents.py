@@ -444,20 +444,20 @@ class Pipeline:
         saved = 0
         for partition in self.cache.partitions_changed():
             changed = self.cache.take_changed(partition)
-            event = self._context_event[partition]
-            for key, window in changed.items():
-                if not self.cache.holds(partition, key, window):
-                    continue  # freed while this commit let the agents run: not to come back
-                token = _current_event.set(weakref.ref(event))
-                try:
+            # this task's context: the agents that run at the sleep below keep their own
+            token = _current_event.set(weakref.ref(self._context_event[partition]))
+            try:
+                for key, window in changed.items():
+                    if not self.cache.holds(partition, key, window):
+                        continue  # freed while this commit let the agents run: not to return
                     self.store.save(key, window)
-                finally:
-                    _current_event.reset(token)
-                saved += 1
-                if saved % SAVE_YIELD_EVERY == 0:
-                    # Let the agents run: what they change now is in no offset this commit
-                    # covers (those were chosen before the hooks), and is saved by the next.
-                    await asyncio.sleep(0)
+                    saved += 1
+                    if saved % SAVE_YIELD_EVERY == 0:
+                        # Let the agents run: what they change now is in no offset this
+                        # commit covers (chosen before the hooks), and is saved by the next.
+                        await asyncio.sleep(0)
+            finally:
+                _current_event.reset(token)
 
     def _release_decided(self, partition: int, now: float) -> None:
         """Free the windows of attempts decided at least RELEASE_AFTER_S ago."""

@@ -135,12 +135,12 @@ class _Taker:
         """Add what is held and queued to ``batch``, up to ``max_records`` records."""
         get = self.queue.get_nowait  # also tells faust's consumer when the pressure drops
         while len(batch.events) < max_records:
-            if self.held is None:
+            message = self.held
+            if message is None:
                 if self.queue.empty():
                     return
-                self._hold(get())
-            message = self.held
-            assert message is not None
+                message = get()
+                self._hold(message)
             room = max_records - len(batch.events)
             batch.events.extend(message.events[self.taken:self.taken + room])
             self.taken += room

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Coroutine
 from typing import Any
 
@@ -74,6 +75,19 @@ class LagProbe:
             done = await consumer.committed(tp) or 0
             out[(tp.topic, tp.partition)] = max(0, ends[tp] - done)
         return out
+
+    async def all_committed(self, timeout_s: float, poll_s: float = 0.05) -> bool:
+        """Whether the group has committed every record of the topics, asked every
+        ``poll_s`` until ``timeout_s`` pass: a commit comes after what the records caused was
+        saved (the windows, agents.py), so whoever reads that state waits for this."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            lags = await self.lag()
+            if lags and not any(lags.values()):
+                return True
+            if time.monotonic() >= deadline:
+                return False
+            await asyncio.sleep(poll_s)
 
     async def end_offset(self, topic: str, partition: int) -> int | None:
         """The partition's end offset (one past its last record), or None when the broker

@@ -326,13 +326,8 @@ def test_a_killed_worker_loses_no_line_and_no_decision(broker, unique_prefix: st
     async def logs_committed() -> None:
         probe = LagProbe(settings, [settings.topic("logs")])
         try:
-            deadline = time.monotonic() + 60
-            while time.monotonic() < deadline:
-                lags = await probe.lag()
-                if lags and not any(lags.values()):
-                    return
-                await asyncio.sleep(0.05)
-            raise AssertionError("the worker committed nothing within 60 s")
+            assert await probe.all_committed(timeout_s=60), \
+                "the worker committed nothing within 60 s"
         finally:
             await probe.close()
 
