@@ -112,6 +112,29 @@ class _ConsumerThread(aiokafka_driver.AIOKafkaConsumerThread):
         # Kafka's own clients, and the others are.
         self._ensure_consumer()._fetcher._prefetch_backoff = 0.0
 
+    async def on_thread_stop(self) -> None:
+        # With the broker gone, a fetch that failed sleeps its retry backoff; aiokafka's
+        # consumer.stop() cancels it and awaits it without catching the cancellation
+        # (aio-libs/aiokafka#647), so a CancelledError left this thread before it told the
+        # worker it had stopped, and the worker waited faust's 60 s for it.
+        try:
+            await super().on_thread_stop()
+        except asyncio.CancelledError:
+            task = asyncio.current_task()
+            if task is not None and task.cancelling():
+                raise  # this stop itself was cancelled
+            await self._finish_consumer_stop()
+
+    async def _finish_consumer_stop(self) -> None:
+        """What aiokafka's consumer.stop() leaves undone when a cancelled fetch ends it: the
+        fetcher's other requests cancelled and awaited, the client's connections closed."""
+        consumer = self._ensure_consumer()
+        pending = list(consumer._fetcher._pending_tasks)
+        for fetch in pending:
+            fetch.cancel()
+        await asyncio.gather(*pending, return_exceptions=True)
+        await consumer._client.close()
+
 
 class FastDrainConsumer(aiokafka_driver.Consumer):
     """faust's aiokafka consumer with the per-message race taken off the common path, and

@@ -169,7 +169,8 @@ def run_worker(settings: Settings, classifier: Classifier | None = None) -> int:
     (exec: same PID, fresh state), which first waits up to ``broker_wait_s`` for the broker,
     as a supervisor would restart it. faust exits when its first connection fails, and the
     broker can go away between the topic check and that connection (seen in the fault
-    campaign); once running, faust rides out a broker restart by itself."""
+    campaign); once running, faust rides out a broker restart by itself. A worker told to
+    stop while it fails exits instead."""
     asyncio.run(ensure_topics(settings, settings.broker_wait_s))
     settings.data_dir.mkdir(parents=True, exist_ok=True)
     model: Classifier | Future[Classifier] = classifier if classifier is not None else Future()
@@ -182,7 +183,10 @@ def run_worker(settings: Settings, classifier: Classifier | None = None) -> int:
     try:
         worker.execute_from_commandline()
     except SystemExit as exit_:
-        if exit_.code and not asyncio.run(broker_answers(settings)):
+        # A SIGTERM or SIGINT taken while faust stopped after the failure is an order to
+        # stop: mode records its time, and the crash is re-raised over it.
+        told_to_stop = worker._signal_stop_time is not None
+        if exit_.code and not told_to_stop and not asyncio.run(broker_answers(settings)):
             log.warning("the broker %s does not answer; starting again once it does",
                         settings.bootstrap_servers)
             os.execv(sys.executable, [sys.executable, *sys.orig_argv[1:]])

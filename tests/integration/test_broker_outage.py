@@ -1,8 +1,11 @@
-"""A broker that goes away while a worker starts: the worker waits for it, then serves."""
+"""A broker that goes away: a worker starting meanwhile waits for it, then serves; a worker
+told to stop meanwhile stops."""
 
 from __future__ import annotations
 
 import asyncio
+import os
+import signal
 import socket
 import threading
 import time
@@ -10,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from sibylla.brokers.launchers import apache_kafka, tansu
 from sibylla.streams.launch import WorkerProcess
 from sibylla.streams.ship import Shipper
 from sibylla.streams.topics import ensure_topics
@@ -17,6 +21,7 @@ from tests.integration.fixtures import (
     DETERMINISTIC_LOG,
     collect_decisions,
     make_settings,
+    only_brokers,
     ship_job,
 )
 
@@ -120,3 +125,47 @@ def test_a_worker_whose_broker_goes_away_during_start_up_waits_and_serves(
         broker_away.join()
         worker.stop()
         gate.close()
+
+
+@only_brokers("tansu", "kafka")
+def test_a_worker_told_to_stop_while_its_broker_is_gone_exits_at_once(
+        broker, unique_prefix: str, tmp_path: Path) -> None:
+    """Operators stop workers during broker outages (a node drained, a deploy). Such a
+    worker took minutes to exit: its signal, taken while faust stopped after failing to reach
+    Tansu, was lost and the worker started again to wait for the broker; with Apache Kafka,
+    whose clients keep retrying, faust waited 60 s for a consumer thread that had ended
+    without saying so. The broker here is a private one, of the session broker's kind."""
+    private = (tansu if broker.name == "tansu" else apache_kafka)(tmp_path / "broker")
+    with private:
+        settings = make_settings(private.bootstrap_servers, unique_prefix, tmp_path,
+                                 broker_wait_s=120)
+        asyncio.run(ensure_topics(settings))
+        worker = WorkerProcess(settings, tmp_path / "worker.log").start(ready_timeout_s=180)
+    try:
+        # The signal comes as faust stops after its crash (Tansu's refusals make it crash at
+        # once), or a while into Kafka's clients retrying (they do not give up).
+        noticed, deadline = None, time.monotonic() + 60
+        while time.monotonic() < deadline:
+            log = worker.tail(100_000)
+            if "Crashed reason=" in log:
+                break
+            if noticed is None and "Unable connect" in log:
+                noticed = time.monotonic()
+            if noticed is not None and time.monotonic() - noticed > 3:
+                break
+            time.sleep(0.02)
+        assert worker.proc is not None
+        # (A worker may have started again before: a broker just started can refuse faust's
+        # first topic creation. Only what follows the signal counts.)
+        signalled_at = worker.log_path.stat().st_size
+        os.kill(worker.proc.pid, signal.SIGTERM)
+        began = time.monotonic()
+        worker.proc.wait(timeout=60)
+        took = time.monotonic() - began
+        with open(worker.log_path, "rb") as log_file:
+            log_file.seek(signalled_at)
+            after = log_file.read().decode(errors="replace")
+        assert RESTARTING not in after, worker.tail()
+        assert took < 15, f"the worker took {took:.0f} s to exit:\n{worker.tail()}"
+    finally:
+        worker.stop()
