@@ -444,8 +444,12 @@ class Pipeline:
         saved = 0
         for partition in self.cache.partitions_changed():
             changed = self.cache.take_changed(partition)
-            # this task's context: the agents that run at the sleep below keep their own
-            token = _current_event.set(weakref.ref(self._context_event[partition]))
+            # This task's context: the agents that run at the sleep below keep their own. The
+            # event is held here: ingest replaces the partition's at that sleep, and a weak
+            # reference alone died with it ("Cannot modify table key from outside of stream
+            # iteration" crashed the worker's commit).
+            event = self._context_event[partition]
+            token = _current_event.set(weakref.ref(event))
             try:
                 for key, window in changed.items():
                     if not self.cache.holds(partition, key, window):
