@@ -34,6 +34,7 @@ import weakref
 from collections import defaultdict, deque
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from concurrent.futures import Future
+from contextvars import Token
 from typing import Any, TypeVar
 
 import orjson
@@ -357,12 +358,14 @@ class Pipeline:
             key=job_id.encode(), value=orjson.dumps({"job_id": job_id, "attempt": attempt}),
             force=True)
 
-    def in_event(self, event: Any) -> None:
+    def in_event(self, event: Any) -> Token[Any]:
+        """Make ``event`` this task's current event; the token undoes it. The caller keeps
+        ``event`` alive while it writes: faust holds only a weak reference."""
         # faust routes a table write to the changelog partition of the *current event*; an
         # agent reading batches (bulk.py) has none, so name it (same partition: the agent is
         # isolated per partition). Only the task's context variable is set: a stream's
         # ``current_event`` belongs to faust's iterator (the operator-votes agent has one).
-        _current_event.set(weakref.ref(event))
+        return _current_event.set(weakref.ref(event))
 
     # ---------------------------------------------------------------- ingest
     async def _ingest(self, stream: Any) -> None:
@@ -449,7 +452,7 @@ class Pipeline:
             # reference alone died with it ("Cannot modify table key from outside of stream
             # iteration" crashed the worker's commit).
             event = self._context_event[partition]
-            token = _current_event.set(weakref.ref(event))
+            token = self.in_event(event)
             try:
                 for key, window in changed.items():
                     if not self.cache.holds(partition, key, window):
