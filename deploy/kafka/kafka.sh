@@ -9,6 +9,8 @@
 # formatted; "admin" must be one of them: the super user, also used between broker and
 # controller. PORT stays a PLAINTEXT listener whose anonymous clients may do nothing but fetch
 # metadata (it answers the launcher's readiness probe). Loopback only; a test broker.
+# SIBYLLA_KAFKA_JOIN_DELAY_MS: group.initial.rebalance.delay.ms, how long the broker holds a new
+# group's first join for more members (0 here, for fast tests; Kafka's own default is 3000).
 # Java 17+ and Maven must be on PATH.
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
@@ -83,7 +85,7 @@ transaction.state.log.replication.factor=1
 transaction.state.log.min.isr=1
 share.coordinator.state.topic.replication.factor=1
 share.coordinator.state.topic.min.isr=1
-group.initial.rebalance.delay.ms=0
+group.initial.rebalance.delay.ms=${SIBYLLA_KAFKA_JOIN_DELAY_MS:-0}
 auto.create.topics.enable=true
 log.retention.hours=24
 PROPS

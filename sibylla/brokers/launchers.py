@@ -43,7 +43,7 @@ def tansu(workdir: Path, port: int | None = None) -> BrokerProcess:
 
 def apache_kafka(workdir: Path, port: int | None = None,
                  scram_users: Mapping[str, str] | None = None,
-                 sasl_port: int | None = None) -> BrokerProcess:
+                 sasl_port: int | None = None, join_delay_ms: int = 0) -> BrokerProcess:
     """A single-node KRaft Apache Kafka broker keeping its data in ``workdir`` (not started).
 
     Restarting it over the same ``workdir`` keeps topics and committed offsets, which the
@@ -54,6 +54,10 @@ def apache_kafka(workdir: Path, port: int | None = None,
     every request there with the StandardAuthorizer; the users are created when the data
     directory is formatted. ``port`` stays a plaintext listener where anonymous clients get
     nothing but metadata (the readiness probe).
+
+    ``join_delay_ms``: how long the broker holds a new group's first join
+    (``group.initial.rebalance.delay.ms``). 0 keeps tests fast; Kafka's own default, 3000, is
+    what a production broker does, so a benchmark of start-up uses that.
     """
     if not KAFKA_SCRIPT.is_file():
         raise FileNotFoundError(
@@ -61,7 +65,7 @@ def apache_kafka(workdir: Path, port: int | None = None,
         )
     port = port or free_port()
     argv = ["bash", str(KAFKA_SCRIPT), "run", str(workdir / "kafka"), str(port), str(free_port())]
-    env = None
+    env = {"SIBYLLA_KAFKA_JOIN_DELAY_MS": str(join_delay_ms)}
     if scram_users is not None:
         if SUPER_USER not in scram_users:
             raise ValueError(f"scram_users: the super user {SUPER_USER!r} is required")
@@ -75,7 +79,7 @@ def apache_kafka(workdir: Path, port: int | None = None,
         with os.fdopen(fd, "w") as fh:
             fh.writelines(f"{name}:{password}\n" for name, password in scram_users.items())
         argv.append(str(sasl_port or free_port()))
-        env = {"SIBYLLA_KAFKA_SCRAM_USERS": str(users)}
+        env["SIBYLLA_KAFKA_SCRAM_USERS"] = str(users)
     # The first start may download the jars with Maven, hence the long timeout.
     return BrokerProcess("apache-kafka", argv, port, workdir / "kafka.log", env=env,
                          start_timeout_s=300.0)
