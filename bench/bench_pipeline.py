@@ -57,9 +57,10 @@ from sibylla.brokers.launchers import apache_kafka, tansu
 from sibylla.brokers.process import BrokerProcess
 from sibylla.schemas.records import JobEvent
 from sibylla.settings import Settings
+from sibylla.streams.agents import RELEASE_AFTER_S
 from sibylla.streams.lag import LagProbe
 from sibylla.streams.ship import Shipper
-from sibylla.streams.topics import changelog_topic, ensure_topics
+from sibylla.streams.topics import TABLES, changelog_topic, ensure_topics
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "bench" / "results"
@@ -262,8 +263,20 @@ class Bench:
             follower.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await follower
+        # What a failure costs in table writes: each is a changelog record produced (and a
+        # table write on faust's path), the largest part of a failure's CPU (finding 10).
+        # Read once the worker has freed the last decisions' windows and stopped.
+        await asyncio.sleep(RELEASE_AFTER_S + 2.0)
+        worker.stop()
+        decided = len(received)
+        changelogs = {table: await topic_records(settings, changelog_topic(settings, table))
+                      for table in TABLES}
+        per_failure = {t: round(n / max(decided, 1), 2) for t, n in changelogs.items()}
+        print(f"  changelog records per decided failure: {sum(per_failure.values()):.1f} "
+              f"{per_failure}", flush=True)
         return {"first_decision_after_spawn_s": round(first_s, 3), "lone_failures": lone,
-                **load, "overload": overload, "worker_counters_at_end": counters}
+                **load, "overload": overload, "worker_counters_at_end": counters,
+                "changelog_records_per_failure": per_failure}
 
     async def _load(self, shipper: Shipper, worker: Worker,
                     received: dict[str, tuple[float, float]], rate: float, prefix: str

@@ -20,6 +20,7 @@ on exactly what it sees in production.
 
 from __future__ import annotations
 
+import bisect
 import functools
 import itertools
 import operator
@@ -43,6 +44,7 @@ __all__ = [
     "select_window",
     "budget_tokens",
     "redact",
+    "redact_lines",
     "select_lines",
     "tokenize",
     "window_from_text",
@@ -69,6 +71,20 @@ _SECRETS = [
     re.compile(r"()-----BEGIN [A-Z ]*PRIVATE KEY-----.*?(?:-----END [A-Z ]*PRIVATE KEY-----|$)"),
 ]
 
+# Words a plain (ASCII) line lowered must hold for the secret pattern at the same place to
+# match it: a line with a hint (e.g. "tokens=", "passed") runs only the patterns it may match,
+# not all eight (~45 µs a line).
+_SECRET_GATES = [
+    ("pass", "pwd", "secret", "key", "token"),
+    ("authoriz",),
+    ("bearer",),
+    ("hf_", "hf-", "ghp_", "ghp-", "gho_", "gho-", "ghs_", "ghs-", "github_pat", "sk_", "sk-",
+     "xox"),
+    ("akia",),
+    ("eyj",),
+    ("://",),
+    ("private key",),
+]
 
 # Every secret pattern needs one of these words; most lines have none, and one search for them
 # is several times cheaper than running each pattern (serving preprocesses every kept line).
@@ -98,21 +114,50 @@ def _plain_ascii(line: str) -> bool:
 
 def _redact(line: str, plain: bool) -> str:
     if plain:
-        if not _SECRET_HINT_LOWER.search(line.lower()):
+        lower = line.lower()
+        if not _SECRET_HINT_LOWER.search(lower):
             return line
-        patterns = _SECRETS_ASCII
-    else:
-        if not _SECRET_HINT.search(line):
-            return line
-        patterns = _SECRETS
-    for pattern in patterns:
-        line = pattern.sub(lambda m: m.group(1) + "<secret>", line)
+        # A gate holds in the line as found; what a pattern replaces becomes "<secret>", which
+        # opens no later pattern's gate.
+        for pattern, gate in zip(_SECRETS_ASCII, _SECRET_GATES, strict=True):
+            if any(word in lower for word in gate):
+                line = pattern.sub(_keep_prefix, line)
+        return line
+    if not _SECRET_HINT.search(line):
+        return line
+    for pattern in _SECRETS:  # Unicode case folding: a lowered line is no sure gate
+        line = pattern.sub(_keep_prefix, line)
     return line
+
+
+def _keep_prefix(m: re.Match[str]) -> str:
+    return m.group(1) + "<secret>"
 
 
 def redact(line: str) -> str:
     """``line`` with every credential-looking value replaced by ``<secret>``."""
     return _redact(line, _plain_ascii(line))
+
+
+def redact_lines(lines: Sequence[str]) -> list[str]:
+    """``[redact(line) for line in lines]``, in one scan of their joined text.
+
+    A window's lines are mostly without a hint of a secret; a search per line cost ~5 µs of
+    Python each (a decision's log for the votes table: ~1 ms of 212 lines). The hints hold no
+    line break, so a hint found in the joined text lies in one line, and only those lines are
+    redacted one by one."""
+    text = "\n".join(lines)
+    if not _plain_ascii(text):  # some line is not: the per-line path decides per line
+        return [redact(line) for line in lines]
+    out = list(lines)
+    found = _SECRET_HINT_LOWER.finditer(text.lower())
+    hit = next(found, None)
+    if hit is None:
+        return out
+    ends = list(itertools.accumulate(len(line) + 1 for line in lines))  # past each "\n"
+    for i in {bisect.bisect_right(ends, m.start()) for m in itertools.chain((hit,), found)}:
+        out[i] = _redact(lines[i], True)
+    return out
 
 
 # A cheap test, before a mask's regex scans a line, that a character the mask needs is there

@@ -30,7 +30,7 @@ from typing import Any, Literal
 import orjson
 
 from sibylla.inference.api import ERROR_START, LogWindow, Prediction
-from sibylla.inference.preprocess import mask, redact
+from sibylla.inference.preprocess import mask, redact, redact_lines
 from sibylla.schemas.records import Label, RecordError, Vote, job_key, load_json_object
 
 __all__ = [
@@ -159,7 +159,7 @@ def window_text(window: LogWindow) -> str:
     lines = window.tail
     if window.first_error and not set(window.first_error) <= set(window.tail):
         lines = window.first_error + window.tail
-    return "\n".join(redact(line) for line in lines)
+    return "\n".join(redact_lines(lines))
 
 
 @dataclass(frozen=True)

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import re
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -38,10 +38,14 @@ _PREFIX = re.compile(r"^\s*(?:\[rank\d+\]:\s*)+|^\s*\[?[A-Za-z][\w.-]*\d[\w.-]*\
 # the window's text lowered once, and without a leading ``\b``: a case-insensitive pattern, or
 # one that opens with an assertion, loses the regex engine's literal-prefix search and cost a
 # decision ~5 ms on 200 lines (a third of the worker's time at 100 failures/s). The word
-# start is checked on each match instead (:func:`_at_word_starts`). ``[^\S\n]``: whitespace that
-# stays within a line.
-_EPOCH = re.compile(r"epoch(?:[^\S\n]|[:=\[#])*(\d+)")
-_STEP = re.compile(r"(?:global[_ ]step|step|iter(?:ation)?|it)(?:[^\S\n]|[:=\[#])*(\d+)")
+# start is checked on each match instead (:func:`_highest_at_word_starts`). ``[^\S\n]``:
+# whitespace that stays within a line. Steps are three patterns, not one alternation, for the
+# same reason: alternatives opening with different letters have no common prefix to search
+# for (0.29 ms against 0.16 ms for the three, on a window of 212 training-log lines).
+_NUMBER_AFTER = r"(?:[^\S\n]|[:=\[#])*(\d+)"
+_EPOCH = re.compile(r"epoch" + _NUMBER_AFTER)
+_STEPS = (re.compile(r"global[_ ]step" + _NUMBER_AFTER), re.compile(r"step" + _NUMBER_AFTER),
+          re.compile(r"it(?:er(?:ation)?)?" + _NUMBER_AFTER))
 _TQDM = re.compile(r"\|[^\S\n]*(\d+)/\d+[^\S\n]*\[")  # tqdm: "410/1000 ["
 _CHECKPOINT = re.compile(r"\b(?:saved?|saving|wrote|writing)\b.{0,40}\bcheckpoint"
                          r"|\bcheckpoint\b.{0,40}\b(?:saved|written)\b")
@@ -119,31 +123,34 @@ def fingerprint(category: str, line: str) -> str:
     return digest[:16]
 
 
-def _at_word_starts(pattern: re.Pattern[str], text: str) -> Iterator[re.Match[str]]:
-    """``pattern.finditer(text)`` as if the pattern began with ``\b``: a match that starts
-    inside a word is passed over, and the search goes on from its next character (a match
-    found there may overlap it, as one of ``\b...`` would)."""
-    pos = 0
-    while (m := pattern.search(text, pos)) is not None:
-        i = m.start()
-        if i == 0 or not (text[i - 1].isalnum() or text[i - 1] == "_"):
-            yield m
-            pos = m.end()
+def _highest_at_word_starts(pattern: re.Pattern[str], text: str) -> int:
+    """The highest number (group 1) of ``pattern``'s matches in ``text`` that begin a word, as
+    if the pattern began with ``\b`` (0 when none). A match that starts inside a word is passed
+    over and the search goes on from its next character (a match found there may overlap it,
+    as one of ``\b...`` would); until then the matches come from one ``finditer``."""
+    best, pos = 0, 0
+    while True:
+        for m in pattern.finditer(text, pos):
+            i = m.start()
+            if i and (text[i - 1].isalnum() or text[i - 1] == "_"):
+                pos = i + 1
+                break
+            best = max(best, int(m[1]))
         else:
-            pos = i + 1
+            return best
 
 
 def progress_of(lines: Iterable[str]) -> tuple[int, int, int]:
     """(highest epoch, highest step, checkpoints saved) printed in ``lines``."""
     text = "\n".join(lines).lower()
-    epoch = max((int(m[1]) for m in _at_word_starts(_EPOCH, text)), default=0)
-    steps = [int(m[1]) for m in _at_word_starts(_STEP, text)]
-    steps += [int(m[1]) for m in _TQDM.finditer(text)]
+    epoch = _highest_at_word_starts(_EPOCH, text)
+    step = max(max(_highest_at_word_starts(p, text) for p in _STEPS),
+               max(map(int, _TQDM.findall(text)), default=0))
     saved = 0
     if "checkpoint" in text:
         saved = sum(1 for line in text.split("\n")
                     if "checkpoint" in line and _CHECKPOINT.search(line))
-    return epoch, max(steps, default=0), saved
+    return epoch, step, saved
 
 
 def blamed_nodes(lines: Sequence[str], nodes: Sequence[str], state: str | None

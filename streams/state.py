@@ -107,6 +107,10 @@ class WindowCache:
         """Note windows ingest changed; :meth:`take_changed` hands them to be saved."""
         self._changed.setdefault(partition, {}).update(windows)
 
+    def settled(self, partition: int, key: str) -> None:
+        """The attempt of ``key`` is decided: its window is only to be freed, not saved."""
+        self._changed.get(partition, {}).pop(key, None)
+
     def take_changed(self, partition: int) -> dict[str, TailWindow]:
         """The windows of ``partition`` changed since the last call, by key."""
         return self._changed.pop(partition, {})
