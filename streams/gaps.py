@@ -66,6 +66,14 @@ class GapFiller:
         if done is None or last.offset > done:
             self.table[self._key(last.topic, last.partition)] = str(last.offset).encode()
 
+    def restart_clocks(self) -> None:
+        """Forget how long each partition has gone without progress. For a worker that could
+        not progress (its event loop was held, or its agents waited for the producer's buffer
+        to drain), that time says nothing of skipped records; counted anyway, a commit that
+        waited 10 s on a slow broker had every partition's queued records read again, on a
+        worker already behind (a benchmark run on Apache Kafka, docs/pipeline-bench.md)."""
+        self._progress.clear()
+
     async def stalled(self, topic: str, partition: int, end: int) -> list[Any]:
         """The records between the last finished one and the partition's ``end`` when the
         agent has made no progress for :data:`STALL_S` while some are left: records faust

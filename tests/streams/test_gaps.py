@@ -14,6 +14,7 @@ from sibylla.streams.keys import partition_of
 from sibylla.streams.reread import PartitionReader
 from sibylla.streams.ship import Shipper
 from sibylla.streams.topics import ensure_topics
+from sibylla.streams.worker import build_worker
 from tests.integration.fixtures import make_settings
 
 
@@ -83,3 +84,51 @@ def test_records_at_the_end_of_a_partition_with_no_progress_are_read_again(
     first, late, caught_up = asyncio.run(scenario())
     assert first == [] and caught_up == []
     assert late == [(3, b"3"), (4, b"4"), (5, b"5")]
+
+
+class _Reader:
+    """Stands for the broker read of a stalled partition's records; counts the reads."""
+
+    def __init__(self) -> None:
+        self.reads = 0
+
+    async def read_range(self, topic: str, partition: int, start: int, end: int) -> list:
+        self.reads += 1
+        return [SimpleNamespace(offset=o, key=None, value=b"", timestamp=0)
+                for o in range(start, end)]
+
+
+async def test_time_the_worker_could_not_progress_is_no_stall(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A worker held up (its loop blocked, its agents waiting for the producer to drain)
+    makes no progress through no fault of the consumer: that time must not count, or every
+    partition's queued records are read again on a worker already behind."""
+    monkeypatch.setattr(gaps, "STALL_S", 0.2)
+    reader = _Reader()
+    filler = GapFiller(reader, {})  # type: ignore[arg-type]
+    filler.mark([_event("logs", 0, 2)])
+    assert await filler.stalled("logs", 0, 6) == []  # starts the clock
+    await asyncio.sleep(0.3)
+    filler.restart_clocks()  # the worker was held up meanwhile
+    assert await filler.stalled("logs", 0, 6) == [] and reader.reads == 0
+    await asyncio.sleep(0.3)  # now it could have progressed, and did not
+    assert [e.message.offset for e in await filler.stalled("logs", 0, 6)] == [3, 4, 5]
+
+
+async def test_a_full_producer_buffer_or_a_late_check_restarts_the_stall_clocks(
+        tmp_path: Path) -> None:
+    settings = make_settings("127.0.0.1:9", "gaps-", tmp_path, store="memory")
+    pipeline = build_worker(settings, SimpleNamespace(version="v0", predict=None))
+    buffer = pipeline.t.app.producer.buffer
+    clocks = pipeline.gaps._progress
+
+    clocks[("logs", 0)] = (2, 0.0)  # no progress since long ago
+    buffer.max_messages = 0  # full: every incoming message waits for it to drain
+    await pipeline._catch_up_stalled()
+    assert clocks == {}, "a full buffer held the agents: no stall"
+
+    clocks[("logs", 0)] = (2, 0.0)
+    buffer.max_messages = 10**9
+    pipeline._stall_checked -= 60  # the timer came a minute late: the loop was held
+    await pipeline._catch_up_stalled()
+    assert clocks == {}, "a held loop held the agents: no stall"
