@@ -447,7 +447,8 @@ class Pipeline:
     async def _save_windows(self) -> None:
         """Save the windows ingest changed since they were last saved (state.py), each in the
         event context of its partition. Run before every offset commit (fastpath.py): the
-        changelog then holds every line of the records whose offsets are committed."""
+        changelog then holds every line of the records whose offsets are committed, but for
+        attempts decided by then, whose decided mark it holds instead (_mark_decided)."""
         saved = 0
         for partition in self.cache.partitions_changed():
             changed = self.cache.take_changed(partition)

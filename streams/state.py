@@ -9,7 +9,9 @@ Ingest changes a window in memory and notes it (:meth:`WindowCache.changed`); th
 windows' headers are saved together before faust commits the offsets of the records that
 changed them (agents.py), not after every batch: with one-line records from many jobs a batch
 touches nearly as many windows as it holds records, and a header per touched window was a
-changelog record per line. (Their lines are written as they fill chunks: window_store.py.)
+changelog record per line. (Their lines are written as they fill chunks, window_store.py,
+except those of a log that has ended, which wait for the commit; and a window whose attempt
+is decided by then is not saved at all: :meth:`WindowCache.settled`.)
 """
 
 from __future__ import annotations
