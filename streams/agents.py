@@ -423,10 +423,10 @@ class Pipeline:
         self.in_event(events[-1])
         self._context_event[partition] = events[-1]
         for key, window in touched.items():  # their lines, a segment's worth at a time
-            if not window.eos:
-                self.store.save_chunks(key, window, SEGMENT_CHUNKS)
             # An ended log waits for the commit's save: its attempt is usually decided
             # before then, and a decided window is never written (_mark_decided).
+            if not window.eos:
+                self.store.save_chunks(key, window, SEGMENT_CHUNKS)
         self.cache.changed(partition, touched)  # the rest, before the next commit
         for job_id, attempt in ended:
             if live_get(pending, attempt_key(job_id, attempt)) is not None:
@@ -631,7 +631,7 @@ class Pipeline:
             await self._request_decision(job_id, attempt)
 
     async def _replay_ready(self, job: JobEvent, pending: dict[str, Any],
-                            window: TailWindow | None) -> bool:
+                            window: TailWindow | None, taken: dict[int | None, bool]) -> bool:
         """May a decide request this worker did not make be acted on now? Such a request was
         replayed after a restart or a hand-over of the partition, and the records that build
         its window are replayed beside it, from other topics: taken first, it was decided on
@@ -639,12 +639,16 @@ class Pipeline:
         250 lines that way, just after a rebalance). Ready once the window has its end of
         stream, or the grace period is over and ingest has taken the job's log to its end;
         otherwise :meth:`_request_due_decisions` asks again when it is (CATCH_UP_LIMIT_S at
-        most past the grace period)."""
+        most past the grace period). ``taken``: :meth:`_logs_taken`'s answers by log end for
+        the batch (one partition), so a replay of many requests asks the broker once."""
         if window is not None and window.eos:
             return True
         if pending["deadline"] > time.time():
             return False
-        return await self._logs_taken(job.job_id, pending.get("log_end"))
+        log_end = pending.get("log_end")
+        if log_end not in taken:
+            taken[log_end] = await self._logs_taken(job.job_id, log_end)
+        return taken[log_end]
 
     async def _logs_taken(self, job_id: str, log_end: int | None) -> bool:
         """Has ingest taken every log record that was on the job's partition at its end?
@@ -677,6 +681,7 @@ class Pipeline:
     async def _decide_requested(self, events: Sequence[Any]) -> None:
         partition = events[0].message.partition
         todo: dict[str, _ToDecide] = {}
+        taken: dict[int | None, bool] = {}  # for requests replayed (_replay_ready)
         for event in events:
             key = await self._parsed(event, _decide_request_key, "decide")
             if key is None or key in todo:
@@ -690,8 +695,8 @@ class Pipeline:
             pending = orjson.loads(raw)
             job = JobEvent.from_dict(pending["event"])
             window = self.cache.get(partition, key)
-            if key not in self._requested and not await self._replay_ready(job, pending,
-                                                                            window):
+            if key not in self._requested and not await self._replay_ready(
+                    job, pending, window, taken):
                 continue  # stays pending: the timer asks again once the logs are in
             log_window = (window.to_log_window(job.job_id, job.attempt) if window is not None
                           else LogWindow(job.job_id, job.attempt, []))

@@ -22,9 +22,9 @@ KEY = "0:job-a"  # attempt 0 of job-a
 class _Event:
     """A decide request as the decide agent gets it (weakly referenced, as faust's are)."""
 
-    def __init__(self) -> None:
+    def __init__(self, job_id: str = "job-a") -> None:
         self.message = SimpleNamespace(topic="decide-requests", partition=0, offset=7, key=b"",
-                                       value=orjson.dumps({"job_id": "job-a", "attempt": 0}))
+                                       value=orjson.dumps({"job_id": job_id, "attempt": 0}))
 
 
 def _pipeline(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
@@ -86,3 +86,23 @@ async def test_a_request_this_worker_made_is_decided_as_it_stands(
     pipeline._requested[KEY] = time.monotonic()
     await pipeline._decide_requested([_Event()])
     assert [len(w.tail) for w in asked[0]] == [1]
+
+
+async def test_a_replay_of_many_requests_asks_the_broker_once(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Whether ingest has taken the logs is one question per partition: a restart that
+    replays a backlog of requests must not ask the broker for offsets once per request."""
+    pipeline, asked = _pipeline(tmp_path, monkeypatch)
+    pending = pipeline.t.pending[KEY]
+    jobs = [f"job-{i}" for i in range(5)]
+    for job_id in jobs:
+        pipeline.t.pending[f"0:{job_id}"] = pending
+    questions: list[str] = []
+
+    async def logs_not_taken(job_id: str, log_end: int | None) -> bool:
+        questions.append(job_id)
+        return False
+
+    monkeypatch.setattr(pipeline, "_logs_taken", logs_not_taken)
+    await pipeline._decide_requested([_Event(job_id) for job_id in jobs])
+    assert asked == [] and len(questions) == 1
