@@ -540,7 +540,7 @@ def poll_ingest(worker: Worker, lines: int, timeout_s: float, stall_s: float = 1
     while count < lines:
         worker.check_alive()
         if time.monotonic() > deadline and first_t is None:
-            raise RuntimeError(f"worker ingested nothing with its model in, in {timeout_s} s")
+            raise RuntimeError(f"no line counted with the worker's model in, in {timeout_s} s")
         metrics = worker.metrics()
         count = metrics.get("sibylla_log_lines_ingested_total", 0.0)
         now = time.perf_counter()
@@ -683,6 +683,9 @@ def print_table(report: dict[str, Any]) -> None:
              f"{d['overload']['decided']}/{d['overload']['failures']} decided; "
              f"{d['overload']['worker_cpu_ms_per_failure']} ms CPU per failure, "
              f"{d['overload']['worker_cpu_share']:.0%} of a core"),
+            ("changelog records per failure",
+             f"{sum(d['changelog_records_per_failure'].values()):.1f}",
+             ", ".join(f"{t} {n}" for t, n in d["changelog_records_per_failure"].items())),
             ("spawn → first decision (s)", f"{d['first_decision_after_spawn_s']:.2f}", ""),
             ("lone eos failure latency_ms, max",
              f"{d['lone_failures']['max_ms']}",
