@@ -301,21 +301,53 @@ class Worker:
                 out[name] = out.get(name, 0.0) + float(match[3])
         return out
 
-    def cpu_s(self) -> float:
-        """CPU seconds (user + system, all threads) the worker has used so far."""
+    def processes(self) -> list[int]:
+        """The worker's PID and its descendants' (the model runs in a child process:
+        ``inference/remote.py``), found through each process's parent in /proc."""
         assert self.proc is not None
-        stat = Path(f"/proc/{self.proc.pid}/stat").read_text()
-        fields = stat[stat.rindex(")") + 2:].split()
-        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+        children: dict[int, list[int]] = {}
+        for entry in Path("/proc").iterdir():
+            if not entry.name.isdigit():
+                continue
+            try:
+                stat = (entry / "stat").read_text()
+            except OSError:  # ended meanwhile
+                continue
+            ppid = int(stat[stat.rindex(")") + 2:].split()[1])
+            children.setdefault(ppid, []).append(int(entry.name))
+        tree, todo = [], [self.proc.pid]
+        while todo:
+            pid = todo.pop()
+            tree.append(pid)
+            todo += children.get(pid, [])
+        return tree
+
+    def cpu_s(self) -> float:
+        """CPU seconds (user + system, all threads) the worker and its model process have
+        used so far."""
+        total = 0
+        for pid in self.processes():
+            try:
+                stat = Path(f"/proc/{pid}/stat").read_text()
+            except OSError:
+                continue
+            fields = stat[stat.rindex(")") + 2:].split()
+            total += int(fields[11]) + int(fields[12])
+        return total / os.sysconf("SC_CLK_TCK")
 
     def memory_kib(self) -> dict[str, int]:
-        """VmHWM (peak resident set) and VmRSS of the worker process, in KiB."""
-        assert self.proc is not None
-        out: dict[str, int] = {}
-        for line in Path(f"/proc/{self.proc.pid}/status").read_text().splitlines():
-            name, _, value = line.partition(":")
-            if name in ("VmHWM", "VmRSS"):
-                out[name] = int(value.split()[0])
+        """VmHWM and VmRSS in KiB, summed over the worker and its model process: VmRSS is
+        what both hold now, VmHWM the sum of each one's peak (at least the pair's peak)."""
+        out = {"VmHWM": 0, "VmRSS": 0}
+        for pid in self.processes():
+            try:
+                status = Path(f"/proc/{pid}/status").read_text()
+            except OSError:
+                continue
+            for line in status.splitlines():
+                name, _, value = line.partition(":")
+                if name in out:
+                    out[name] += int(value.split()[0])
         return out
 
     def kill(self) -> None:

@@ -292,16 +292,17 @@ class OnlineLearning:
 
     async def _load(self, ann: ModelAnnouncement) -> Classifier:
         """The announced model, from a file inside the model roots with the right checksum."""
-        from sibylla.inference.engine import load_classifier
+        from sibylla.inference.remote import ProcessClassifier
 
         ws = self.p.settings
         path = await asyncio.to_thread(verify, ann, self.roots)
         try:
-            classifier = await asyncio.to_thread(load_classifier, str(path), ws.device,
-                                                 ws.min_confidence)
+            classifier = await asyncio.to_thread(ProcessClassifier, str(path), ws.device,
+                                                 ws.min_confidence, ws.cpu_threads)
         except Exception as exc:  # noqa: BLE001 - a bad file must not stop the worker
             raise AnnouncementError("unloadable", f"model {ann.version}: {exc}") from None
         if classifier.version != ann.version:
+            await asyncio.to_thread(classifier.close)
             raise AnnouncementError("wrong_version", f"file holds model {classifier.version}, "
                                     f"announced {ann.version}")
         return classifier

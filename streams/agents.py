@@ -29,6 +29,7 @@ import asyncio
 import gc
 import logging
 import os
+import threading
 import time
 import weakref
 from collections import defaultdict, deque
@@ -206,9 +207,12 @@ class Pipeline:
     def swap_classifier(self, classifier: Classifier,
                         scores: Mapping[str, Any] | None = None) -> None:
         """Use another model from the next micro-batch on (the running batch finishes).
-        ``scores``: its gate scores, when known (the status page shows them)."""
+        ``scores``: its gate scores, when known (the status page shows them). The model
+        replaced is closed once its last batch is done (its process stops)."""
+        replaced = self._model
         self._model = _loaded(classifier)
         self._show_model(classifier, scores)
+        replaced.add_done_callback(_close_model)  # now, or once a load still running ends
 
     def _show_model(self, classifier: Classifier,
                     scores: Mapping[str, Any] | None = None) -> None:
@@ -819,6 +823,16 @@ class Pipeline:
         if failures == len(to_classify):
             return None
         return alone
+
+
+def _close_model(loaded: Future[Classifier]) -> None:
+    """Close a replaced model that has a ``close`` (a model process), in a thread: closing
+    waits for the batch it may still be running."""
+    if loaded.cancelled() or loaded.exception() is not None:
+        return
+    close = getattr(loaded.result(), "close", None)
+    if close is not None:
+        threading.Thread(target=close, name="sibylla-model-close", daemon=True).start()
 
 
 def _loaded(classifier: Classifier) -> Future[Classifier]:

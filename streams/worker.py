@@ -113,20 +113,19 @@ def _register_reliability(pipeline: Pipeline) -> None:
 
 
 def load_in_background(settings: Settings, into: Future[Classifier]) -> None:
-    """Load the configured model into ``into`` in a thread of its own. A model that cannot
-    be loaded stops the worker once it is found out (``Pipeline._warm_up``)."""
+    """Load the configured model into ``into`` in a thread of its own, which waits while a
+    process of the model's own starts and loads it (``inference/remote.py``: its forward
+    passes then never wait for this process's interpreter lock). A model that cannot be
+    loaded stops the worker once it is found out (``Pipeline._warm_up``)."""
 
     def load() -> None:
         if not into.set_running_or_notify_cancel():
             return
         try:
-            import torch  # about 2 s: in this thread
+            from sibylla.inference.remote import ProcessClassifier
 
-            from sibylla.inference import load_classifier
-
-            torch.set_num_threads(settings.cpu_threads)
-            into.set_result(load_classifier(settings.model_path or None, settings.device,
-                                            settings.min_confidence))
+            into.set_result(ProcessClassifier(settings.model_path or None, settings.device,
+                                              settings.min_confidence, settings.cpu_threads))
         except BaseException as exc:  # noqa: BLE001 - handed to whoever awaits the model
             into.set_exception(exc)
 
