@@ -25,6 +25,7 @@ import signal
 import threading
 from collections.abc import Sequence
 from multiprocessing.connection import Connection
+from multiprocessing.process import BaseProcess
 from typing import Any
 
 from .api import LogWindow, Prediction
@@ -86,7 +87,7 @@ class ProcessClassifier:
                  min_confidence: float = 0.0, threads: int = 1) -> None:
         self._args = (model_path, device, min_confidence, threads)
         self._lock = threading.Lock()  # one batch in flight; the pipe carries one at a time
-        self._process: Any = None
+        self._process: BaseProcess | None = None
         self._conn: Connection | None = None
         self.meta: dict[str, Any] = {}
         self._version = ""
@@ -115,7 +116,8 @@ class ProcessClassifier:
         loaded = reply[1]
         version = loaded["version"]
         if self._version and version != self._version:
-            process.kill()  # the file changed under a running worker: not the same model
+            parent.close()  # the file changed under a running worker: not the same model
+            process.kill()
             raise ModelProcessError(f"the model process loaded {version}, not {self._version}")
         self._process, self._conn = process, parent
         self._version, self.meta = version, loaded["meta"]
@@ -143,27 +145,30 @@ class ProcessClassifier:
                 self._conn.send(list(windows))
                 reply = self._conn.recv()
             except (EOFError, OSError) as exc:
-                self._lost()
+                process = self._detach()
+                if process is not None:
+                    process.join(1)
+                    log.error("the model process (pid %s) ended with code %s", process.pid,
+                              process.exitcode)
                 raise ModelProcessError(f"the model process died: {exc!r}") from None
         if not reply[0]:
             raise reply[1]
         predictions: list[Prediction] = reply[1]
         return predictions
 
-    def _lost(self) -> None:
+    def _detach(self) -> BaseProcess | None:
+        """Forget the model process and close its pipe (a live one then exits by itself)."""
         process, self._process, conn, self._conn = self._process, None, self._conn, None
         if conn is not None:
             conn.close()
-        if process is not None:
-            process.join(1)
-            log.error("the model process (pid %s) ended with code %s", process.pid,
-                      process.exitcode)
+        return process
 
     def close(self) -> None:
         """Stop the model process (it also stops by itself when this process ends)."""
         with self._lock:
-            process = self._process
-            self._lost()
-            if process is not None and process.is_alive():
-                process.kill()
-                process.join(5)
+            process = self._detach()
+            if process is not None:
+                process.join(1)  # it exits on its closed pipe; killed if it does not
+                if process.is_alive():
+                    process.kill()
+                    process.join(5)
