@@ -301,45 +301,40 @@ class Worker:
                 out[name] = out.get(name, 0.0) + float(match[3])
         return out
 
-    def processes(self) -> list[int]:
-        """The worker's PID and its descendants' (the model runs in a child process:
-        ``inference/remote.py``), found through each process's parent in /proc."""
+    def _tree_stats(self) -> dict[int, list[str]]:
+        """The /proc stat fields (after the command name) of the worker and its descendants
+        (the model runs in a child process: ``inference/remote.py``), by PID."""
         assert self.proc is not None
-        children: dict[int, list[int]] = {}
+        stats: dict[int, list[str]] = {}
         for entry in Path("/proc").iterdir():
-            if not entry.name.isdigit():
-                continue
-            try:
-                stat = (entry / "stat").read_text()
-            except OSError:  # ended meanwhile
-                continue
-            ppid = int(stat[stat.rindex(")") + 2:].split()[1])
-            children.setdefault(ppid, []).append(int(entry.name))
-        tree, todo = [], [self.proc.pid]
+            if entry.name.isdigit():
+                try:
+                    stat = (entry / "stat").read_text()
+                except OSError:  # ended meanwhile
+                    continue
+                stats[int(entry.name)] = stat[stat.rindex(")") + 2:].split()
+        children: dict[int, list[int]] = {}
+        for pid, fields in stats.items():
+            children.setdefault(int(fields[1]), []).append(pid)
+        tree, todo = {}, [self.proc.pid]
         while todo:
             pid = todo.pop()
-            tree.append(pid)
-            todo += children.get(pid, [])
+            if pid in stats:
+                tree[pid] = stats[pid]
+                todo += children.get(pid, [])
         return tree
 
     def cpu_s(self) -> float:
         """CPU seconds (user + system, all threads) the worker and its model process have
         used so far."""
-        total = 0
-        for pid in self.processes():
-            try:
-                stat = Path(f"/proc/{pid}/stat").read_text()
-            except OSError:
-                continue
-            fields = stat[stat.rindex(")") + 2:].split()
-            total += int(fields[11]) + int(fields[12])
-        return total / os.sysconf("SC_CLK_TCK")
+        ticks = sum(int(f[11]) + int(f[12]) for f in self._tree_stats().values())
+        return ticks / os.sysconf("SC_CLK_TCK")
 
     def memory_kib(self) -> dict[str, int]:
         """VmHWM and VmRSS in KiB, summed over the worker and its model process: VmRSS is
         what both hold now, VmHWM the sum of each one's peak (at least the pair's peak)."""
         out = {"VmHWM": 0, "VmRSS": 0}
-        for pid in self.processes():
+        for pid in self._tree_stats():
             try:
                 status = Path(f"/proc/{pid}/status").read_text()
             except OSError:
