@@ -36,6 +36,7 @@ from sibylla.streams import bulk
 from sibylla.streams.agents import Pipeline
 from sibylla.streams.app import RAW, raw_table
 from sibylla.streams.keys import attempt_key
+from sibylla.streams.reading import WindowReading
 from sibylla.streams.state import live_get, live_items_of
 
 from .announce import AnnouncementError, verify
@@ -49,12 +50,10 @@ from .votes import (
     OUTCOME,
     AttemptRecord,
     committee_votes,
-    error_signature,
     operator_request,
     operator_vote,
     outcome_vote,
     parse_operator_request,
-    window_text,
 )
 
 __all__ = ["PRIMARY", "OnlineLearning", "register"]
@@ -122,25 +121,27 @@ class OnlineLearning:
         self.votes[attempt_key(record.job_id, record.attempt)] = record.to_bytes()
 
     # ---------------------------------------------------------------- decided hook
-    async def on_decided(self, decided: Sequence[tuple[LogWindow, Decision]]) -> None:
-        """Keep each window and the committee's votes; a failed retry votes on its parent.
-        ``decided``: one decide batch, so that each member predicts once per batch (a
-        thread hop per window and member made this a third of the decide path's time)."""
-        shown = [i for i, (window, _) in enumerate(decided) if not window.empty]
+    async def on_decided(self, decided: Sequence[tuple[LogWindow, Decision, WindowReading]]
+                         ) -> None:
+        """Keep each window's text and the committee's votes; a failed retry votes on its
+        parent. ``decided``: one decide batch, so that each member predicts once per batch (a
+        thread hop per window and member made this a third of the decide path's time), each
+        window with its reading (the redacted text and error signature kept here)."""
+        shown = [i for i, (window, _, _) in enumerate(decided) if not window.empty]
         votes_of: dict[str, dict[int, Prediction]] = {}
         if shown:
             for name, model in self.committee.items():
                 found = await asyncio.to_thread(model.predict, [decided[i][0] for i in shown])
                 votes_of[name] = dict(zip(shown, found, strict=True))
-        for i, (window, decision) in enumerate(decided):
+        for i, (_, decision, reading) in enumerate(decided):
             predictions = {PRIMARY: Prediction(decision.verdict, decision.confidence,
                                                decision.category, [])}
             predictions.update((name, found[i]) for name, found in votes_of.items()
                                if i in found)
             record = self._get(decision.job_id, decision.attempt) or AttemptRecord(
                 decision.job_id, decision.attempt, created_at=time.time())
-            record = replace(record, log=window_text(window), category=decision.category,
-                             signature=error_signature(window), decided=True)
+            record = replace(record, log=reading.text, category=decision.category,
+                             signature=reading.signature, decided=True)
             for vote in committee_votes(predictions, self.rule):
                 record = record.with_vote(vote)
                 self.metrics.votes.labels(kind="committee").inc()

@@ -8,6 +8,7 @@ a batch of events and the table writes it causes belong to one partition):
                                                       │  when the shipper marked end of stream)
     decide-requests ◄─────────────────────────────────┘
           └──────► decide ──► micro-batcher ──► model ──► decisions topic, decided table
+                                                └► window reader (reading.py; in parallel)
 
 At least once: an event is acknowledged only after its table writes and sends are queued, and
 faust flushes the producer before it commits offsets (sends use ``force=True``: faust would
@@ -69,6 +70,7 @@ from sibylla.streams.ledger import CLOCK_SKEW_S, DecisionLedger
 from sibylla.streams.memory import AttemptMemory
 from sibylla.streams.metrics import WorkerMetrics
 from sibylla.streams.policy import CLASSIFIER_ERROR_CATEGORY
+from sibylla.streams.reading import WindowReader, WindowReading, read_window
 from sibylla.streams.reread import PartitionReader
 from sibylla.streams.state import WindowCache, live_get, live_items, live_items_of
 from sibylla.streams.window import TailWindow, WindowLimits
@@ -103,6 +105,8 @@ LEDGER_CHECK_S = 120.0
 
 # A decision to make: the request's event, the termination, when it happened, the window.
 _ToDecide = tuple[Any, JobEvent, float, LogWindow]
+# What the model's batch gives a window: its prediction and the reading of its text.
+_Read = tuple[Prediction, WindowReading]
 
 
 def _decide_request_key(value: bytes | None) -> str:
@@ -134,7 +138,8 @@ class Pipeline:
         # Counted when scraped: windows also go when decided, released or expired.
         self.metrics.active_windows.set_function(lambda: len(self.cache))
         self.field_map = FieldMap.parse(s.field_map)
-        self.batcher: MicroBatcher[LogWindow, Prediction] = MicroBatcher(
+        self.reader = WindowReader()  # reads the windows' text beside the model (reading.py)
+        self.batcher: MicroBatcher[LogWindow, _Read] = MicroBatcher(
             self._predict, s.batch_max_windows, s.batch_max_wait_ms / 1000.0,
             on_batch=self.metrics.on_batch,
         )
@@ -142,11 +147,11 @@ class Pipeline:
         self.reliability = FailureRateEstimator()
         self._requested: dict[str, float] = {}  # attempt key -> when a decision was requested
         self._ingested: dict[int, int] = {}  # partition -> offset of the last log record taken
-        # Called with each decide batch's new decisions (and their windows) inside the decide
-        # agent's event context (table writes there land on the jobs' partition): online
-        # learning keeps the windows it needs.
-        self.decided_hooks: list[
-            Callable[[Sequence[tuple[LogWindow, Decision]]], Awaitable[None]]] = []
+        # Called with each decide batch's new decisions (and their windows and readings)
+        # inside the decide agent's event context (table writes there land on the jobs'
+        # partition): online learning keeps the texts it needs.
+        self.decided_hooks: list[Callable[[Sequence[tuple[LogWindow, Decision, WindowReading]]],
+                                          Awaitable[None]]] = []
         # Each job's earlier attempts, for the policy with memory.
         self.memory = AttemptMemory(topology.history, s, self.metrics)
         self._windows_swept: dict[int, float] = {}  # partition -> last TTL sweep
@@ -199,10 +204,13 @@ class Pipeline:
         """The model deciding now, once loaded."""
         return await asyncio.wrap_future(self._model)
 
-    def _predict(self, windows: Sequence[LogWindow]) -> list[Prediction]:
+    def _predict(self, windows: Sequence[LogWindow]) -> list[_Read]:
         """The batcher's function, in the inference thread: waits there for the model's
-        first load, and a batch running while a model is swapped in ends with the old one."""
-        return self._model.result().predict(windows)
+        first load, and a batch running while a model is swapped in ends with the old one.
+        The reader process reads the windows' text meanwhile (reading.py)."""
+        reading = self.reader.submit(windows)
+        predictions = self._model.result().predict(windows)
+        return list(zip(predictions, self.reader.result(reading, windows), strict=True))
 
     def swap_classifier(self, classifier: Classifier,
                         scores: Mapping[str, Any] | None = None) -> None:
@@ -238,9 +246,11 @@ class Pipeline:
                 del self._requested[key]
 
     async def _close_clients(self, app: Any, **_: Any) -> None:
-        """Stop the consumers kept outside faust's (offsets asked, records read again)."""
+        """Stop the consumers kept outside faust's (offsets asked, records read again) and
+        the window reader's process."""
         for task in list(self._warming):
             task.cancel()
+        self.reader.close()
         await self.offsets.close()
         await self.gaps.reader.close()
         await self.ledger.reader.close()
@@ -249,7 +259,8 @@ class Pipeline:
         """Once the model is loaded, one prediction on a made-up failure while the worker
         joins its group, so that the first real decision does not pay the model's one-time
         costs (~100 ms on CPU). A model that cannot be loaded stops the worker: it could
-        decide nothing."""
+        decide nothing. The window reader's process starts meanwhile."""
+        reader_started = asyncio.ensure_future(asyncio.to_thread(self.reader.start))
         try:
             classifier = await self.model()
         except Exception as exc:  # noqa: BLE001 - ModelLoadError says what and where
@@ -257,6 +268,7 @@ class Pipeline:
             await self.t.app.crash(exc)
             return
         self._show_model(classifier)
+        await reader_started  # or the warm-up batch would wait for the reader's imports
         lines = [f"step {i} loss 0.{i:04d}" for i in range(64)] + [
             "Traceback (most recent call last):", "RuntimeError: CUDA error: out of memory"]
         try:
@@ -715,17 +727,17 @@ class Pipeline:
         if not todo:
             return
         taken_at = time.time()
-        predictions = await self._classify([w for (_, _, _, w) in todo.values()])
-        if predictions is None:
+        read = await self._classify([w for (_, _, _, w) in todo.values()])
+        if read is None:
             return  # the requests stay pending: the timer asks again (REQUEST_RETRY_S)
         classified_at = time.time()
         version = self.classifier.version
         made = []
-        for (key, (event, job, event_time, window)), prediction in zip(
-                todo.items(), predictions, strict=True):
+        for (key, (event, job, event_time, window)), (prediction, reading) in zip(
+                todo.items(), read, strict=True):
             self.in_event(event)  # the memory's table write goes to the job's partition
-            decision = self.memory.decide(job, window, prediction, version, time.time(),
-                                          event_time)
+            decision = self.memory.decide(job, window, prediction, reading, version,
+                                          time.time(), event_time)
             if window.empty:  # the site's default policy then: worth an operator's look
                 log.warning("%s: decided with no log line (none shipped, or none arrived "
                             "within the grace period and the wait for ingest): %s", key,
@@ -733,13 +745,13 @@ class Pipeline:
             value = decision.to_json()
             delivered = await self.t.decisions.send(key=job.job_id.encode(), value=value,
                                                     force=True)
-            made.append((key, event, job, window, decision, value, delivered))
+            made.append((key, event, job, window, reading, decision, value, delivered))
         # Only what the broker holds is marked decided (see the module's docstring). A decision
         # it refused stays pending and is made again.
         outcomes = await asyncio.gather(*(d for *_, d in made), return_exceptions=True)
         published_at = time.time()
-        done: list[tuple[LogWindow, Decision]] = []
-        for (key, event, job, window, decision, value, _), outcome in zip(
+        done: list[tuple[LogWindow, Decision, WindowReading]] = []
+        for (key, event, job, window, reading, decision, value, _), outcome in zip(
                 made, outcomes, strict=True):
             if isinstance(outcome, BaseException):
                 log.warning("decision for %s not delivered (%r); it will be made again",
@@ -755,7 +767,7 @@ class Pipeline:
             self.metrics.classifying.observe(classified_at - taken_at)
             self.metrics.publishing.observe(published_at - classified_at)
             self.activity.on_decision(decision)
-            done.append((window, decision))
+            done.append((window, decision, reading))
         for hook in self.decided_hooks if done else ():
             await hook(done)
 
@@ -798,28 +810,31 @@ class Pipeline:
             self.metrics.adopted_decisions.inc()
         return todo
 
-    async def _classify(self, windows: list[LogWindow]) -> list[Prediction | None] | None:
-        """A prediction per window (None for an empty one). When the model fails on a batch,
-        each window is tried alone, so one window the model cannot take costs only its own
-        verdict: ``unknown`` (the scheduler's default policy), never a guess. None when the
-        model fails on every window (it is broken, not the windows): nothing is decided."""
+    async def _classify(self, windows: list[LogWindow]
+                        ) -> list[tuple[Prediction | None, WindowReading]] | None:
+        """A prediction per window (None for an empty one) and the reading of its text
+        (reading.py). When the model fails on a batch, each window is tried alone, so one
+        window the model cannot take costs only its own verdict: ``unknown`` (the scheduler's
+        default policy), never a guess; its text is read here then. None when the model fails
+        on every window (it is broken, not the windows): nothing is decided."""
         to_classify = [w for w in windows if not w.empty]
         try:
             found = iter(await self.batcher.submit_many(to_classify) if to_classify else [])
-            return [None if w.empty else next(found) for w in windows]
+            return [(None, read_window(w)) if w.empty else next(found) for w in windows]
         except Exception:  # noqa: BLE001 - logged by the batcher; retried one by one below
             pass
-        alone: list[Prediction | None] = []
+        alone: list[tuple[Prediction | None, WindowReading]] = []
         failures = 0
         for window in windows:
             if window.empty:
-                alone.append(None)
+                alone.append((None, read_window(window)))
                 continue
             try:
                 alone.append((await self.batcher.submit_many([window]))[0])
             except Exception:  # noqa: BLE001 - this window is decided unknown
                 failures += 1
-                alone.append(Prediction("unknown", 0.0, CLASSIFIER_ERROR_CATEGORY, []))
+                alone.append((Prediction("unknown", 0.0, CLASSIFIER_ERROR_CATEGORY, []),
+                              read_window(window)))
         if failures == len(to_classify):
             return None
         return alone

@@ -14,13 +14,16 @@ import hashlib
 import re
 from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sibylla.inference.api import LogWindow, is_error_start
 from sibylla.inference.preprocess import mask
 
-__all__ = ["AttemptFacts", "blamed_nodes", "cause_line", "facts_of", "fingerprint", "progress_of",
-           "template"]
+if TYPE_CHECKING:
+    from sibylla.streams.reading import WindowReading
+
+__all__ = ["AttemptFacts", "blamed_nodes", "cause_line", "facts_of", "fingerprint",
+           "hardware_lines", "progress_of", "template"]
 
 # Lines that follow a failure elsewhere rather than cause it: a rank's watchdog timing out
 # because another rank died, the C++ runtime aborting on an exception already printed, a
@@ -119,8 +122,11 @@ def template(line: str) -> str:
 
 def fingerprint(category: str, line: str) -> str:
     """A short stable id of a root cause: category plus the masked template of its line."""
-    digest = hashlib.sha256(f"{category}\x00{template(line)}".encode()).hexdigest()
-    return digest[:16]
+    return _fingerprint_of_template(category, template(line))
+
+
+def _fingerprint_of_template(category: str, line_template: str) -> str:
+    return hashlib.sha256(f"{category}\x00{line_template}".encode()).hexdigest()[:16]
 
 
 def _highest_at_word_starts(pattern: re.Pattern[str], text: str) -> int:
@@ -153,23 +159,27 @@ def progress_of(lines: Iterable[str]) -> tuple[int, int, int]:
     return epoch, step, saved
 
 
+def hardware_lines(lines: Sequence[str]) -> tuple[str, ...]:
+    """The lines that report a hardware fault (Xid, ECC, fallen off the bus), in order."""
+    text = "\n".join(lines).lower()
+    if not any(key in text for key in _HARDWARE_KEYS):
+        return ()
+    return tuple(line for line in lines if _HARDWARE.search(line))
+
+
 def blamed_nodes(lines: Sequence[str], nodes: Sequence[str], state: str | None
                  ) -> tuple[str, ...]:
     """Nodes the evidence blames. A node failure blames every node of the attempt (the
     scheduler does not say which one failed; on a one-node job that is exact). A hardware fault
     line (Xid, ECC, fallen off the bus) blames the attempt's nodes it names, or the only node
-    of a one-node attempt when it names none."""
+    of a one-node attempt when it names none. ``lines``: the window's, or only its
+    :func:`hardware_lines` (the same answer)."""
     if state == "NODE_FAIL":
         return tuple(nodes)
-    text = "\n".join(lines).lower()
-    if not any(key in text for key in _HARDWARE_KEYS):
-        return ()
     known = set(nodes)
     blamed: list[str] = []
     unnamed = False
-    for line in lines:
-        if not _HARDWARE.search(line):
-            continue
+    for line in hardware_lines(lines):
         named = [t for t in _HOST_TOKEN.findall(line) if t in known]
         if not named:
             unnamed = True
@@ -179,15 +189,16 @@ def blamed_nodes(lines: Sequence[str], nodes: Sequence[str], state: str | None
     return tuple(blamed)
 
 
-def facts_of(attempt: int, window: LogWindow, category: str, nodes: Sequence[str],
+def facts_of(attempt: int, reading: WindowReading, category: str, nodes: Sequence[str],
              state: str | None) -> AttemptFacts:
-    """The facts of a failed attempt (no fingerprint for an attempt that printed nothing)."""
-    lines = _lines(window)
+    """The facts of a failed attempt from its window's reading (``reading.py``); no
+    fingerprint for an attempt that printed nothing."""
+    tpl = reading.cause_template
     return AttemptFacts(
         attempt=attempt,
-        fingerprint="" if window.empty else fingerprint(category, cause_line(window)),
+        fingerprint="" if tpl is None else _fingerprint_of_template(category, tpl),
         category=category,
-        progress=progress_of(window.tail),
+        progress=reading.progress,
         nodes=tuple(nodes),
-        blamed=blamed_nodes(lines, nodes, state),
+        blamed=blamed_nodes(reading.hardware_lines, nodes, state),
     )

@@ -23,6 +23,7 @@ from sibylla.streams.attempts import AttemptFacts, facts_of
 from sibylla.streams.keys import partition_of
 from sibylla.streams.metrics import WorkerMetrics
 from sibylla.streams.policy import BLAMING_RULES, Rules, apply_memory, make_decision
+from sibylla.streams.reading import WindowReading
 from sibylla.streams.state import live_get
 
 __all__ = ["AttemptMemory", "rules_of"]
@@ -56,13 +57,15 @@ class AttemptMemory:
         return [AttemptFacts.from_dict(a) for a in orjson.loads(raw)["attempts"]]
 
     def decide(self, job: JobEvent, window: LogWindow, prediction: Prediction | None,
-               model_version: str, decided_at: float, event_time: float) -> Decision:
-        """The decision for a failed attempt, revised by the job's history (recorded)."""
+               reading: WindowReading, model_version: str, decided_at: float,
+               event_time: float) -> Decision:
+        """The decision for a failed attempt, revised by the job's history (recorded).
+        ``reading``: what the window's text says beyond the prediction (reading.py)."""
         s = self.settings
         first = make_decision(job, window, prediction, model_version, decided_at, event_time,
                               explore_rate=s.explore_rate,
                               explore_max_confidence=s.explore_max_confidence)
-        facts = facts_of(job.attempt, window, first.category, job.nodes, job.state)
+        facts = facts_of(job.attempt, reading, first.category, job.nodes, job.state)
         history = self.history(job.job_id)
         decision, remembered = apply_memory(first, facts, history, self.rules)
         kept = [h for h in history if h.attempt != job.attempt] + [remembered]

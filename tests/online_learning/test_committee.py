@@ -20,6 +20,7 @@ from tests.online_learning.test_worker_votes import (
     decision,
     fake_pipeline,
     labels,
+    read,
 )
 
 OOM = ["torch.cuda.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB"]
@@ -66,7 +67,8 @@ async def test_every_member_votes_and_the_label_carries_their_votes() -> None:
     p = fake_pipeline()
     committee = build_committee(f"rules,{shipped_model_path()}", device="cpu")
     ol = OnlineLearning(p, OnlineSettings(), committee)
-    await ol.on_decided([(LogWindow("job", 0, ERROR, ERROR), decision(0, "deterministic", 0.9))])
+    await ol.on_decided([read(LogWindow("job", 0, ERROR, ERROR),
+                              decision(0, "deterministic", 0.9))])
     done = orjson.dumps({"job_id": "job", "attempt": 1, "event": "finished",
                          "state": "COMPLETED"})
     await ol._outcomes_batch(batch(done))
@@ -81,7 +83,7 @@ async def test_every_member_votes_and_the_label_carries_their_votes() -> None:
 async def test_each_decision_of_a_batch_gets_the_votes_on_its_own_window() -> None:
     # The committee predicts once per decide batch; a window with no line gets no vote.
     ol = OnlineLearning(fake_pipeline(), OnlineSettings(), build_committee("tfidf"))
-    batch = [(LogWindow(job, 0, lines, lines), dataclasses.replace(decision(0), job_id=job))
+    batch = [read(LogWindow(job, 0, lines, lines), dataclasses.replace(decision(0), job_id=job))
              for job, lines in (("oom", OOM), ("silent", []), ("nccl", NCCL))]
     await ol.on_decided(batch)
 

@@ -28,6 +28,7 @@ from sibylla.online_learning.worker import OnlineLearning
 from sibylla.schemas.records import Decision, Label
 from sibylla.settings import Settings
 from sibylla.streams.keys import partition_of
+from sibylla.streams.reading import WindowReading, read_window
 from tests.online_learning.fixtures import examples, tiny_checkpoint
 
 ERROR = ["Traceback (most recent call last):", '  File "/home/u/train.py", line 3',
@@ -78,6 +79,11 @@ def decision(attempt: int, verdict: str = "unknown", confidence: float = 0.55) -
                     "default_policy", [], [], "v0", 0.0, 1.0)
 
 
+def read(window: LogWindow, decided: Decision) -> tuple[LogWindow, Decision, WindowReading]:
+    """A decided window as the decide agent hands it to its hooks: with its reading."""
+    return window, decided, read_window(window)
+
+
 def labels(topic: FakeTopic) -> list[Label]:
     return [Label.from_json(v) for _, v in topic.sent]
 
@@ -103,10 +109,10 @@ class Stream:
 
 async def test_a_retry_failing_the_same_way_labels_the_attempt_deterministic() -> None:
     ol, topic = loop()
-    await ol.on_decided([(LogWindow("job", 0, ["step 1", *ERROR], ERROR), decision(0))])
+    await ol.on_decided([read(LogWindow("job", 0, ["step 1", *ERROR], ERROR), decision(0))])
     assert labels(topic) == []  # an unsure model alone is thin evidence
     window = LogWindow("job", 1, ["[rank2]: " + e for e in ERROR], ["[rank2]: " + e for e in ERROR])
-    await ol.on_decided([(window, decision(1))])
+    await ol.on_decided([read(window, decision(1))])
     [label] = labels(topic)
     assert (label.job_id, label.attempt, label.label) == ("job", 0, "deterministic")
     assert [v.source for v in label.votes] == ["outcome"]
@@ -115,7 +121,8 @@ async def test_a_retry_failing_the_same_way_labels_the_attempt_deterministic() -
 
 async def test_a_completed_retry_labels_nondeterministic_against_a_confident_model() -> None:
     ol, topic = loop()
-    await ol.on_decided([(LogWindow("job", 0, ERROR, ERROR), decision(0, "deterministic", 1.0))])
+    await ol.on_decided([read(LogWindow("job", 0, ERROR, ERROR),
+                              decision(0, "deterministic", 1.0))])
     done = orjson.dumps({"job_id": "job", "attempt": 1, "event": "finished",
                          "state": "COMPLETED"})
     await ol._outcomes_batch(batch(b"not json", done))
@@ -126,8 +133,8 @@ async def test_a_completed_retry_labels_nondeterministic_against_a_confident_mod
 
 async def test_an_operator_label_overrides_and_republishes() -> None:
     ol, topic = loop()
-    await ol.on_decided([(LogWindow("job", 0, ERROR, ERROR), decision(0))])
-    await ol.on_decided([(LogWindow("job", 1, ERROR, ERROR), decision(1))])
+    await ol.on_decided([read(LogWindow("job", 0, ERROR, ERROR), decision(0))])
+    await ol.on_decided([read(LogWindow("job", 1, ERROR, ERROR), decision(1))])
     vote = orjson.dumps({"job_id": "job", "attempt": 0, "label": "nondeterministic",
                          "operator": "alice"})
     await ol._operator_votes(Stream(vote, b'{"job_id": "job", "attempt": 0, "label": "maybe"}'))
@@ -140,7 +147,7 @@ async def test_an_operator_label_before_the_decision_waits_for_the_window() -> N
     vote = orjson.dumps({"job_id": "job", "attempt": 0, "label": "deterministic"})
     await ol._operator_votes(Stream(vote))
     assert labels(topic) == []
-    await ol.on_decided([(LogWindow("job", 0, ERROR, ERROR), decision(0))])
+    await ol.on_decided([read(LogWindow("job", 0, ERROR, ERROR), decision(0))])
     [label] = labels(topic)
     assert label.label == "deterministic" and label.log
 
@@ -163,7 +170,7 @@ async def test_announced_model_is_swapped_only_with_the_right_checksum(tmp_path:
 
 async def test_votes_older_than_the_ttl_are_dropped() -> None:
     ol, _ = loop()
-    await ol.on_decided([(LogWindow("job", 0, ERROR, ERROR), decision(0))])
+    await ol.on_decided([read(LogWindow("job", 0, ERROR, ERROR), decision(0))])
     key = next(iter(ol.votes))
     partition = partition_of("job", ol.p.settings.partitions)
     assert ol.expire(partition, time.time()) == 0

@@ -33,11 +33,14 @@ async def test_a_window_the_model_fails_on_is_unknown_and_the_others_are_decided
     pipeline = _pipeline(tmp_path, predict)
     windows = [_window("a", "ModuleNotFoundError: x"), _window("b", "POISON"),
                LogWindow("c", 0, [])]
-    predictions = await pipeline._classify(windows)
-    assert predictions is not None
+    read = await pipeline._classify(windows)
+    assert read is not None
+    predictions = [p for p, _ in read]
     assert [p.category if p else None for p in predictions] == [
         "import_error", CLASSIFIER_ERROR_CATEGORY, None]
-    assert predictions[1].verdict == "unknown"
+    assert predictions[1] is not None and predictions[1].verdict == "unknown"
+    # every window's text is still read: the policy and online learning need it
+    assert [r.text for _, r in read] == ["ModuleNotFoundError: x", "POISON", ""]
 
 
 async def test_a_model_failing_on_every_window_decides_nothing(tmp_path: Path) -> None:

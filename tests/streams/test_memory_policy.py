@@ -21,6 +21,7 @@ from sibylla.streams.attempts import (
     template,
 )
 from sibylla.streams.policy import Rules, apply_memory, make_decision
+from sibylla.streams.reading import read_window
 
 RULES = Rules(max_retries=3, max_recurrence=2, max_excluded_nodes=2)
 
@@ -172,6 +173,16 @@ def test_blamed_nodes_are_excluded_across_attempts_newest_first_within_the_cap()
 
 
 def test_facts_of_an_attempt_without_a_log_have_no_fingerprint() -> None:
-    facts = facts_of(0, LogWindow("j", 0, [], [], 0), "no_log", ("n1",), "FAILED")
+    facts = facts_of(0, read_window(LogWindow("j", 0, [], [], 0)), "no_log", ("n1",), "FAILED")
     assert facts.fingerprint == "" and facts.blamed == ()
     assert AttemptFacts.from_dict(facts.to_dict()) == facts
+
+
+def test_facts_of_a_window_name_its_root_its_progress_and_the_node_its_fault_names() -> None:
+    lines = ["epoch 3 step 1200 loss 0.4", "saved checkpoint to /ckpt/3", *CASCADE,
+             "gpu07: NVRM: Xid 79: GPU has fallen off the bus"]
+    window = LogWindow("j", 0, lines, CASCADE, len(lines))
+    facts = facts_of(1, read_window(window), "gpu_hardware", ("gpu03", "gpu07"), "FAILED")
+    assert facts.fingerprint == fingerprint("gpu_hardware", cause_line(window))
+    assert facts.progress == (3, 1200, 1)
+    assert facts.blamed == ("gpu07",)
