@@ -13,7 +13,7 @@ from collections.abc import Iterator
 import pytest
 
 from sibylla.inference.api import LogWindow
-from sibylla.streams.reading import WindowReader, read_window
+from sibylla.streams.reading import PROCESS_FROM_WINDOWS, WindowReader, read_window
 
 ERROR = ["[rank0]: Traceback (most recent call last):",
          "[rank0]: RuntimeError: mat1 and mat2 shapes cannot be multiplied (4x3 and 5x6)"]
@@ -21,10 +21,12 @@ TRAINING = ["epoch 2 step 900 loss 0.41", "saved checkpoint to /ckpt/epoch2 (tok
 
 
 def windows() -> list[LogWindow]:
+    """A micro-batch large enough to be read in the reader process."""
     lines = TRAINING + ERROR
-    return [LogWindow("shape", 0, lines, ERROR, len(lines)),
-            LogWindow("xid", 1, ["gpu07: NVRM: Xid 79: GPU has fallen off the bus"]),
-            LogWindow("silent", 0, [])]
+    three = [LogWindow("shape", 0, lines, ERROR, len(lines)),
+             LogWindow("xid", 1, ["gpu07: NVRM: Xid 79: GPU has fallen off the bus"]),
+             LogWindow("silent", 0, [])]
+    return three * (PROCESS_FROM_WINDOWS // 3 + 1)
 
 
 @pytest.fixture
@@ -44,8 +46,9 @@ def _reader_pid(reader: WindowReader) -> int:
 
 def test_the_reader_process_reads_what_the_worker_would(reader: WindowReader) -> None:
     assert _reader_pid(reader) != os.getpid()
-    shape, xid, silent = reader.read(windows())
-    assert (shape, xid, silent) == tuple(read_window(w) for w in windows())
+    read = reader.read(windows())
+    assert read == [read_window(w) for w in windows()]
+    shape, xid, silent = read[:3]
     assert shape.progress == (2, 900, 1)
     assert shape.cause_template is not None and "shapes cannot be multiplied" in (
         shape.cause_template)
@@ -62,6 +65,18 @@ def test_a_killed_reader_costs_no_reading_and_the_next_batch_starts_another(
     assert reader.read(windows()) == expected  # read in this process this time
     assert reader.read(windows()) == expected
     assert _reader_pid(reader) != dead
+
+
+def test_a_small_batch_is_read_in_place_without_waiting_for_the_process(
+        reader: WindowReader, caplog: pytest.LogCaptureFixture) -> None:
+    # A lone failure's window: the hop through the executor's threads cost more than reading
+    # it here (the module docstring).
+    dead = _reader_pid(reader)
+    os.kill(dead, signal.SIGKILL)
+    lone = windows()[:1]
+    assert reader.read(lone) == [read_window(lone[0])]
+    assert caplog.records == []  # the dead process was not asked
+    assert _reader_pid(reader) == dead
 
 
 def test_closing_stops_the_reader_process() -> None:
