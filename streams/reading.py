@@ -11,14 +11,16 @@ worker waited on them. Done in the model's process after the forward pass, they 
 micro-batch's time, and the decide agents waited on that instead.
 
 So :class:`WindowReader` runs :func:`read_window` in a process of its own, on a micro-batch's
-windows while the model runs on the same batch: the two take the time of the slower, on two
-cores, and the event loop only combines the results with the job's facts (its nodes, its
-history). A batch of fewer than :data:`PROCESS_FROM_WINDOWS` windows is read in the caller (the
-inference thread) instead: the hop to the reader process and back passes through the
-executor's threads, each waiting for the interpreter lock, which made lone failures slower
-(up to 117 ms against 81 on Apache Kafka), while a few windows read in place cost a few ms of
-a loop that is then nearly idle. A reader process that dies costs nothing but time: that batch
-is read in the caller and the next batch starts another process.
+windows while the model runs on the same batch: with a core to spare the two take the time of
+the slower, and the event loop only combines the results with the job's facts (its nodes, its
+history). On the 2-core benchmark box, shared with the broker, the batch's time grew instead
+(the reader waits for a core); what the worker keeps up with still rose (finding 18). A batch
+of fewer than :data:`PROCESS_FROM_WINDOWS` windows is read in the caller (the inference thread)
+instead: the hop to the reader process and back passes through the executor's threads, each
+waiting for the interpreter lock, which made lone failures slower (up to 117 ms against 81 on
+Apache Kafka), while a few windows read in place cost a few ms of a loop that is then nearly
+idle. A reader process that dies costs nothing but time: that batch is read in the caller and
+the next batch starts another process.
 """
 
 from __future__ import annotations
@@ -37,7 +39,7 @@ from sibylla.inference.api import LogWindow
 from sibylla.online_learning.votes import error_signature, window_text
 from sibylla.streams.attempts import cause_line, hardware_lines, progress_of, template
 
-__all__ = ["WindowReader", "WindowReading", "read_window"]
+__all__ = ["PROCESS_FROM_WINDOWS", "WindowReader", "WindowReading", "read_window"]
 
 log = logging.getLogger(__name__)
 
