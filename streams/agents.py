@@ -170,7 +170,8 @@ class Pipeline:
         # records, awaited before the batch is marked finished (_finished)
         self._sent: dict[tuple[str, int], list[Awaitable[Any]]] = defaultdict(list)
         self.ledger = DecisionLedger(PartitionReader(s), topology.decisions.get_topic_name())
-        self._warming: set[asyncio.Future[None]] = set()  # reads ahead (DecisionLedger.warm)
+        # What runs in the background (reads ahead, the reader's start), cancelled at shutdown
+        self._background: set[asyncio.Future[None]] = set()
         # Offsets asked of the broker out of band (bounded waits), and the lag gauge's source.
         self.offsets = LagProbe(s, [s.topic("logs"), s.topic("job-events"),
                                     s.topic("decide-requests")])
@@ -248,9 +249,9 @@ class Pipeline:
     async def _close_clients(self, app: Any, **_: Any) -> None:
         """Stop the consumers kept outside faust's (offsets asked, records read again) and
         the window reader's process."""
-        for task in list(self._warming):
+        for task in list(self._background):
             task.cancel()
-        self.reader.close()
+        await asyncio.to_thread(self.reader.close)  # it waits for the batch being read
         await self.offsets.close()
         await self.gaps.reader.close()
         await self.ledger.reader.close()
@@ -259,8 +260,9 @@ class Pipeline:
         """Once the model is loaded, one prediction on a made-up failure while the worker
         joins its group, so that the first real decision does not pay the model's one-time
         costs (~100 ms on CPU). A model that cannot be loaded stops the worker: it could
-        decide nothing. The window reader's process starts meanwhile."""
-        reader_started = asyncio.ensure_future(asyncio.to_thread(self.reader.start))
+        decide nothing. The window reader's process starts after that, in the background:
+        started with the model's load it competed with it for the CPU, on the way to the
+        first decision, which it never serves (a batch that small is read in place)."""
         try:
             classifier = await self.model()
         except Exception as exc:  # noqa: BLE001 - ModelLoadError says what and where
@@ -268,7 +270,6 @@ class Pipeline:
             await self.t.app.crash(exc)
             return
         self._show_model(classifier)
-        await reader_started  # or the warm-up batch would wait for the reader's imports
         lines = [f"step {i} loss 0.{i:04d}" for i in range(64)] + [
             "Traceback (most recent call last):", "RuntimeError: CUDA error: out of memory"]
         try:
@@ -280,6 +281,7 @@ class Pipeline:
         # as the process; out of the collector's way, a full collection no longer walks it
         # (150-250 ms of the event loop each, seen delaying a lone decision to ~200 ms).
         gc.freeze()
+        self._in_background(asyncio.to_thread(self.reader.start))
 
     async def _on_assigned(self, app: Any, assigned: set[TP], **_: Any) -> None:
         now = time.time()
@@ -288,10 +290,14 @@ class Pipeline:
                 self._assigned_at[tp.partition] = now
                 # Every decision of the partition is checked against the decisions topic for
                 # LEDGER_CHECK_S: read it now rather than on the first decision's path.
-                task = asyncio.ensure_future(self.ledger.warm(
-                    tp.partition, now - LEDGER_CHECK_S - CLOCK_SKEW_S))
-                self._warming.add(task)
-                task.add_done_callback(self._warming.discard)
+                self._in_background(self.ledger.warm(tp.partition,
+                                                     now - LEDGER_CHECK_S - CLOCK_SKEW_S))
+
+    def _in_background(self, work: Awaitable[None]) -> None:
+        """Run ``work`` as a task kept until it ends (the loop holds tasks weakly only)."""
+        task = asyncio.ensure_future(work)
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
 
     async def _with_missing(self, events: Sequence[Any]) -> Sequence[Any]:
         """The batch, preceded by the records the consumer skipped before it (gaps.py)."""
