@@ -29,14 +29,13 @@ import orjson
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from faust.web import Request, Response, View
 
-from sibylla.inference.api import Classifier, LogWindow, Prediction
-from sibylla.schemas.records import Decision, ModelAnnouncement, RecordError, parse_job_event
+from sibylla.inference.api import Classifier, Prediction
+from sibylla.schemas.records import ModelAnnouncement, RecordError, parse_job_event
 from sibylla.settings import SettingsError
 from sibylla.streams import bulk
-from sibylla.streams.agents import Pipeline
+from sibylla.streams.agents import Decided, Pipeline
 from sibylla.streams.app import RAW, raw_table
 from sibylla.streams.keys import attempt_key
-from sibylla.streams.reading import WindowReading
 from sibylla.streams.state import live_get, live_items_of
 
 from .announce import AnnouncementError, verify
@@ -121,8 +120,7 @@ class OnlineLearning:
         self.votes[attempt_key(record.job_id, record.attempt)] = record.to_bytes()
 
     # ---------------------------------------------------------------- decided hook
-    async def on_decided(self, decided: Sequence[tuple[LogWindow, Decision, WindowReading]]
-                         ) -> None:
+    async def on_decided(self, decided: Sequence[Decided]) -> None:
         """Keep each window's text and the committee's votes; a failed retry votes on its
         parent. ``decided``: one decide batch, so that each member predicts once per batch (a
         thread hop per window and member made this a third of the decide path's time), each

@@ -76,7 +76,7 @@ from sibylla.streams.state import WindowCache, live_get, live_items, live_items_
 from sibylla.streams.window import TailWindow, WindowLimits
 from sibylla.streams.window_store import SEGMENT_CHUNKS, WindowStore
 
-__all__ = ["Pipeline"]
+__all__ = ["Decided", "Pipeline"]
 
 R = TypeVar("R")
 
@@ -107,6 +107,8 @@ LEDGER_CHECK_S = 120.0
 _ToDecide = tuple[Any, JobEvent, float, LogWindow]
 # What the model's batch gives a window: its prediction and the reading of its text.
 _Read = tuple[Prediction, WindowReading]
+# A decision made, as the decided hooks get it: its window and the reading of its text.
+Decided = tuple[LogWindow, Decision, WindowReading]
 
 
 def _decide_request_key(value: bytes | None) -> str:
@@ -150,8 +152,7 @@ class Pipeline:
         # Called with each decide batch's new decisions (and their windows and readings)
         # inside the decide agent's event context (table writes there land on the jobs'
         # partition): online learning keeps the texts it needs.
-        self.decided_hooks: list[Callable[[Sequence[tuple[LogWindow, Decision, WindowReading]]],
-                                          Awaitable[None]]] = []
+        self.decided_hooks: list[Callable[[Sequence[Decided]], Awaitable[None]]] = []
         # Each job's earlier attempts, for the policy with memory.
         self.memory = AttemptMemory(topology.history, s, self.metrics)
         self._windows_swept: dict[int, float] = {}  # partition -> last TTL sweep
@@ -756,7 +757,7 @@ class Pipeline:
         # it refused stays pending and is made again.
         outcomes = await asyncio.gather(*(d for *_, d in made), return_exceptions=True)
         published_at = time.time()
-        done: list[tuple[LogWindow, Decision, WindowReading]] = []
+        done: list[Decided] = []
         for (key, event, job, window, reading, decision, value, _), outcome in zip(
                 made, outcomes, strict=True):
             if isinstance(outcome, BaseException):
