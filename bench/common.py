@@ -303,7 +303,8 @@ class Worker:
 
     def _tree_stats(self) -> dict[int, list[str]]:
         """The /proc stat fields (after the command name) of the worker and its descendants
-        (the model runs in a child process: ``inference/remote.py``), by PID."""
+        (the model and the window reader run in child processes: ``inference/remote.py``,
+        ``streams/reading.py``), by PID."""
         assert self.proc is not None
         stats: dict[int, list[str]] = {}
         for entry in Path("/proc").iterdir():
@@ -325,14 +326,14 @@ class Worker:
         return tree
 
     def cpu_s(self) -> float:
-        """CPU seconds (user + system, all threads) the worker and its model process have
+        """CPU seconds (user + system, all threads) the worker and its child processes have
         used so far."""
         ticks = sum(int(f[11]) + int(f[12]) for f in self._tree_stats().values())
         return ticks / os.sysconf("SC_CLK_TCK")
 
     def memory_kib(self) -> dict[str, int]:
-        """VmHWM and VmRSS in KiB, summed over the worker and its model process: VmRSS is
-        what both hold now, VmHWM the sum of each one's peak (at least the pair's peak)."""
+        """VmHWM and VmRSS in KiB, summed over the worker and its child processes: VmRSS is
+        what they hold now, VmHWM the sum of each one's peak (at least the tree's peak)."""
         out = {"VmHWM": 0, "VmRSS": 0}
         for pid in self._tree_stats():
             try:
