@@ -11,8 +11,9 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import operator
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any, Literal, TypeVar, get_args
 
@@ -22,6 +23,7 @@ from sibylla.schemas.validate import (
     Check,
     ValidationFailure,
     compile_schema,
+    glance_over_list,
     load_schema,
     schema_check,
 )
@@ -44,6 +46,7 @@ __all__ = [
     "load_json_object",
     "parse_job_event",
     "parse_log_record",
+    "parse_log_records",
 ]
 
 SCHEMA_VERSION = 1
@@ -109,9 +112,12 @@ class FieldMap:
         return record
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class LogChunk:
-    """Lines of one job attempt from one Kafka record (a LogLine is a chunk of one line)."""
+    """Lines of one job attempt from one Kafka record (a LogLine is a chunk of one line).
+
+    Not frozen: one is built per record on the ingest path, and a frozen dataclass's
+    ``__init__`` costs three times as much (1.6 against 0.55 us here)."""
 
     job_id: str
     attempt: int
@@ -143,6 +149,8 @@ _JOB_KEY = compile_schema({"type": "object", "required": ["job_id"], "properties
     name: load_schema("jobevent.schema.json")["properties"][name]
     for name in ("job_id", "attempt")}})
 
+
+_LINE_OF = operator.itemgetter("line")  # a LogBatch entry's line, in C over the whole list
 
 R = TypeVar("R")
 
@@ -181,9 +189,11 @@ def job_key(record: dict[str, Any]) -> tuple[str, int]:
 def _lines_within(lines: list[str], max_line_bytes: int, where: str) -> list[str]:
     """``lines``, each at most ``max_line_bytes`` long in UTF-8. ``where`` names the field,
     ``{i}`` standing for a line's index (formatted only for the line found too long)."""
+    # len() counts code points; UTF-8 needs at most 4 bytes each, so only long lines pay for
+    # an exact byte count (and a record without one pays a single max() in C).
+    if max(map(len, lines), default=0) * 4 <= max_line_bytes:
+        return lines
     for i, line in enumerate(lines):
-        # len() counts code points; UTF-8 needs at most 4 bytes each, so only long lines pay
-        # for an exact byte count.
         if len(line) * 4 > max_line_bytes and len(line.encode()) > max_line_bytes:
             raise RecordError(f"{where.format(i=i)} longer than {max_line_bytes} bytes",
                               "too_long")
@@ -201,9 +211,69 @@ def parse_log_record(
     record = load_json_object(value)
     if field_map is not None:
         field_map.apply(record)
+    return _chunk_of(record, max_line_bytes)
+
+
+def parse_log_records(
+    values: Sequence[bytes | None], max_line_bytes: int, field_map: FieldMap | None = None
+) -> list[LogChunk | Exception]:
+    """``parse_log_record`` of each value, in order; a record that fails gets its exception
+    (a :class:`RecordError`, or any other error a parser bug raised) in its place, so one
+    record never takes the others down.
+
+    One-line records (the LogLines that syslog-ng, rsyslog and Fluent Bit ship) are checked
+    together, a field at a time across the records (:func:`~.validate.glance_over_list`):
+    checked one by one, each cost ~1.4 us beside ~1.8 us of JSON decoding. When the glance is
+    not sure of every one, each is checked alone, as ``parse_log_record`` does.
+    """
+    out: list[LogChunk | Exception] = []
+    one_line: dict[int, dict[str, Any]] = {}  # index in out -> a LogLine's record
+    for value in values:
+        try:
+            record = load_json_object(value)
+            if field_map is not None:
+                field_map.apply(record)
+            if "line" in record and "lines" not in record:
+                one_line[len(out)] = record
+                out.append(_UNCHECKED)
+            else:
+                out.append(_chunk_of(record, max_line_bytes))
+        except Exception as exc:  # noqa: BLE001 - the caller dead-letters it
+            out.append(exc)
+    if one_line:
+        records = list(one_line.values())
+        try:
+            together = _all_loglines_valid(records, max_line_bytes)
+        except Exception:  # noqa: BLE001 - a glance that fails decides nothing
+            together = False
+        for i, record in one_line.items():
+            try:
+                out[i] = (LogChunk(record["job_id"], _as_int(record.get("attempt", 0)),
+                                   [record["line"]], record.get("eos", False)) if together
+                          else _chunk_of(record, max_line_bytes))
+            except Exception as exc:  # noqa: BLE001 - the caller dead-letters it
+                out[i] = exc
+    return out
+
+
+# A one-line record's place in parse_log_records' output until the records are checked.
+_UNCHECKED = RecordError("not parsed yet")
+_LOGLINES = glance_over_list("logline.schema.json")
+
+
+def _all_loglines_valid(records: list[dict[str, Any]], max_line_bytes: int) -> bool:
+    """Whether every one of ``records`` (each holding ``line``, none ``lines``) is a valid
+    LogLine within the line limit; False: some may not be."""
+    if not _LOGLINES(records):
+        return False
+    return max(map(len, map(_LINE_OF, records))) * 4 <= max_line_bytes
+
+
+def _chunk_of(record: dict[str, Any], max_line_bytes: int) -> LogChunk:
+    """The chunk of one decoded log record (see :func:`parse_log_record`)."""
     if "lines" in record:
         _checked(_LOGBATCH, record)
-        lines = _lines_within([e["line"] for e in record["lines"]], max_line_bytes,
+        lines = _lines_within(list(map(_LINE_OF, record["lines"])), max_line_bytes,
                               "lines[{i}].line")
     elif "line" not in record and record.get("eos") is True:
         _checked(_EOS_MARKER, record)

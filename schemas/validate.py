@@ -16,8 +16,10 @@ them) costs no string formatting, where a path per LogBatch line was a third of 
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
+import operator
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -25,7 +27,8 @@ from functools import cache
 from importlib import resources
 from typing import Any
 
-__all__ = ["Check", "ValidationFailure", "compile_schema", "load_schema", "schema_check"]
+__all__ = ["Check", "ValidationFailure", "compile_schema", "glance_over_list", "load_schema",
+           "schema_check"]
 
 Check = Callable[[Any], None]
 
@@ -139,9 +142,12 @@ def compile_schema(schema: Mapping[str, Any]) -> Check:
         checks.append(text)
     if "items" in schema:
         item = compile_schema(schema["items"])
+        all_valid = _glance_over_objects(schema["items"])
 
         def items(v: Any) -> None:
             if type(v) is list:
+                if all_valid is not None and all_valid(v):
+                    return
                 for i, entry in enumerate(v):
                     try:
                         item(entry)
@@ -241,6 +247,73 @@ def _quick(schema: Mapping[str, Any]) -> _Quick | None:
                   schema.get("maxLength", math.inf))
 
 
+def _quick_for_all(q: _Quick, values: list[Any]) -> bool:
+    """True when each of ``values`` is valid at a glance of ``q``: what the per-value glance of
+    :func:`_object_check` decides, for a whole column at once (set, min and max run in C)."""
+    kinds = set(map(type, values))
+    rest = kinds - q.kinds
+    if not rest:
+        return True
+    if str in rest:
+        strings = values if kinds == {str} else [v for v in values if type(v) is str]
+        if q.members:
+            if not q.members.issuperset(strings):
+                return False
+        elif not (q.sized and q.shortest <= min(map(len, strings))
+                  and max(map(len, strings)) <= q.longest):
+            return False
+        rest.discard(str)
+    if rest:
+        if not rest <= q.bounded:
+            return False
+        numbers = values if kinds <= q.bounded else [v for v in values if type(v) in q.bounded]
+        if not (q.low <= min(numbers) and max(numbers) <= q.high):
+            return False
+    return True
+
+
+def _glance_over_objects(schema: Mapping[str, Any]) -> Callable[[list[Any]], bool] | None:
+    """For an array's ``items`` schema that is an object of quick properties: a function
+    telling, for a whole list, that every entry is valid, or None when no glance exists.
+
+    False only means "not sure": the compiled check then looks at each entry and says where
+    one breaks the rules. A LogBatch's hundreds of lines are checked a field at a time across
+    all entries instead of an entry at a time (the per-entry glance was ~1.7 us a line, two
+    thirds of parsing a batched record).
+    """
+    if set(schema) - _ANNOTATIONS - {"type", "required", "properties"} or \
+            schema.get("type") != "object":
+        return None
+    quick: dict[str, _Quick | None] = {name: _quick(sub) for name, sub
+                                       in schema.get("properties", {}).items()}
+    required = frozenset(schema.get("required", ()))
+
+    def all_valid(entries: list[Any]) -> bool:
+        if not entries:
+            return True
+        if set(map(type, entries)) != {dict}:
+            return False
+        present = set(itertools.chain.from_iterable(entries))  # every key of every entry
+        if not required <= present:
+            return False
+        for name in present | required:
+            constrained = name in quick
+            if not constrained and name not in required:
+                continue  # a field the schema says nothing of: any value
+            try:
+                values = list(map(operator.itemgetter(name), entries))
+            except KeyError:  # some entries lack it
+                if name in required:
+                    return False
+                values = [e[name] for e in entries if name in e]
+            if constrained:
+                q = quick[name]
+                if q is None or not _quick_for_all(q, values):
+                    return False
+        return True
+    return all_valid
+
+
 def _object_check(schema: Mapping[str, Any]) -> Check:
     props = {name: compile_schema(sub) for name, sub in schema.get("properties", {}).items()}
     # A LogBatch's lines (hundreds per record) are checked field by field; the compiled
@@ -293,3 +366,16 @@ def schema_check(name: str, pointer: str = "") -> Check:
     for part in filter(None, pointer.split("/")):
         node = node[part]
     return compile_schema(node)
+
+
+@cache
+def glance_over_list(name: str) -> Callable[[list[Any]], bool]:
+    """For a schema file of objects: a function telling, for a list of values, that every one
+    is valid (True), or that some may not be (False: check each with :func:`schema_check`).
+
+    Valid records arrive by the thousand; checking them a field at a time across the list
+    costs a fraction of checking them one at a time."""
+    glance = _glance_over_objects(load_schema(name))
+    if glance is None:
+        raise ValueError(f"{name}: no glance over a list of its objects")
+    return glance

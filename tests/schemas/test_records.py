@@ -27,6 +27,7 @@ from sibylla.schemas.records import (
     Vote,
     parse_job_event,
     parse_log_record,
+    parse_log_records,
 )
 from sibylla.schemas.validate import compile_schema
 
@@ -105,6 +106,36 @@ def test_any_bytes_either_parse_or_raise_a_record_error(value: bytes) -> None:
         parse_log_record(value, MAX_LINE)
     except RecordError as exc:
         assert str(exc)
+
+
+# Valid LogLines, as shippers send them by the thousand (some over the line limit, some
+# not ASCII): the records the worker parses together rather than one by one.
+shipped_line = st.fixed_dictionaries(
+    {"job_id": st.text(min_size=1, max_size=6), "line": st.text(max_size=160)},
+    optional={"attempt": st.integers(0, 3), "ts": st.one_of(st.floats(-1e6, 1e12), st.text()),
+              "stream": st.sampled_from(["stdout", "stderr"]), "eos": st.booleans(),
+              "host": st.text(max_size=4), "rank": st.integers(0, 7), "extra": scalars})
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.one_of(shipped_line, records, st.binary(max_size=8)), max_size=8),
+       st.booleans())
+def test_records_parsed_together_come_out_as_parsed_one_by_one(
+        batch: list[dict | bytes], mapped: bool) -> None:
+    """Whatever a poll brings, each record's chunk or error is the one it has alone: a bad
+    record costs only itself, and no record passes together that fails alone."""
+    values = [v if isinstance(v, bytes) else json.dumps(v).encode() for v in batch]
+    fmap = FieldMap.parse("line=log") if mapped else None
+    together = parse_log_records(values, MAX_LINE, fmap)
+    assert len(together) == len(values)
+    for value, got in zip(values, together, strict=True):
+        try:
+            alone = parse_log_record(value, MAX_LINE, fmap)
+        except RecordError as exc:
+            assert isinstance(got, RecordError) and str(got) == str(exc)
+            assert got.kind == exc.kind
+        else:
+            assert got == alone
 
 
 def test_lines_longer_than_the_limit_are_rejected_with_the_limit_in_the_reason() -> None:
