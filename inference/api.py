@@ -7,6 +7,7 @@ trained, evaluated and used from the command line without a broker.
 
 from __future__ import annotations
 
+import itertools
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -103,7 +104,7 @@ class LogWindow:
     def empty(self) -> bool:
         """No non-blank line: nothing to judge ("no log" for the model, the baselines and the
         pipeline's policy alike)."""
-        return not any(line.strip() for line in (*self.first_error, *self.tail))
+        return not any(line.strip() for line in itertools.chain(self.first_error, self.tail))
 
 
 @dataclass(frozen=True, slots=True)

@@ -20,6 +20,8 @@ import logging
 from collections.abc import Iterator
 from typing import Any
 
+from faust.tables.base import Collection
+
 from sibylla.streams.keys import key_text, partition_of, split_key
 from sibylla.streams.window import TailWindow
 from sibylla.streams.window_store import WindowStore
@@ -31,8 +33,17 @@ __all__ = ["WindowCache", "live_get", "live_items", "live_items_of"]
 
 def live_get(table: Any, key: str) -> bytes | None:
     """A table's value for ``key``, or None when absent or deleted. After changelog recovery
-    a deletion can linger as a non-bytes value that ``in`` and ``get`` still report."""
-    value = table.get(key)
+    a deletion can linger as a non-bytes value that ``in`` and ``get`` still report.
+
+    Read from the table's store, not through the table: faust's ``Table.get`` asks the store
+    whether it holds the key and then reads it, each through the table's per-read hooks (two
+    RocksDB reads for a key that is there); these reads were ~9% of the event loop's samples
+    at 100 failures/s. The store reads the current event's partition either way. Any other
+    mapping is read as it is."""
+    try:
+        value = table.data[key] if isinstance(table, Collection) else table[key]
+    except KeyError:
+        return None
     return value if isinstance(value, bytes) and value else None
 
 
