@@ -14,7 +14,7 @@ import hashlib
 import operator
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import dataclass, field, fields
 from typing import Any, Literal, TypeVar, get_args
 
 import orjson
@@ -316,9 +316,14 @@ class JobEvent:
         return from_known_fields(cls, {**raw, "nodes": tuple(raw.get("nodes", ()))})
 
     def to_dict(self) -> dict[str, Any]:
-        out = asdict(self)
+        # By field name, not asdict(): that deep-copies every value (14 us per event, on the
+        # terminations agent's path).
+        out = {name: getattr(self, name) for name in _JOB_EVENT_FIELDS}
         out["nodes"] = list(self.nodes)
         return out
+
+
+_JOB_EVENT_FIELDS = tuple(f.name for f in fields(JobEvent))
 
 
 def parse_job_event(value: bytes | None) -> JobEvent:
@@ -373,7 +378,7 @@ class Decision:
     schema_version: int = SCHEMA_VERSION
 
     def to_json(self) -> bytes:
-        return orjson.dumps(asdict(self))
+        return orjson.dumps(self)  # orjson writes a dataclass as asdict would, ~20x faster
 
     @classmethod
     def from_json(cls, value: bytes) -> Decision:
@@ -408,7 +413,7 @@ class Label:
     schema_version: int = SCHEMA_VERSION
 
     def to_json(self) -> bytes:
-        return orjson.dumps(asdict(self))
+        return orjson.dumps(self)  # orjson writes a dataclass as asdict would, ~20x faster
 
     @classmethod
     def from_json(cls, value: bytes) -> Label:
@@ -438,7 +443,7 @@ class ModelAnnouncement:
     schema_version: int = SCHEMA_VERSION
 
     def to_json(self) -> bytes:
-        return orjson.dumps(asdict(self))
+        return orjson.dumps(self)  # orjson writes a dataclass as asdict would, ~20x faster
 
     @classmethod
     def from_json(cls, value: bytes) -> ModelAnnouncement:

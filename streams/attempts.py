@@ -13,7 +13,7 @@ from __future__ import annotations
 import hashlib
 import re
 from collections.abc import Iterable, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass, fields
 from typing import TYPE_CHECKING, Any
 
 from sibylla.inference.api import LogWindow, is_error_start
@@ -77,7 +77,9 @@ class AttemptFacts:
     rule: str = ""
 
     def to_dict(self) -> dict[str, Any]:
-        out = asdict(self)
+        # By field name, not asdict(), which deep-copies every value: a job's history is
+        # written with every decision.
+        out = {name: getattr(self, name) for name in _FACT_FIELDS}
         for name in ("progress", "nodes", "blamed"):
             out[name] = list(out[name])
         return out
@@ -91,6 +93,9 @@ class AttemptFacts:
             nodes=tuple(raw.get("nodes", ())), blamed=tuple(raw.get("blamed", ())),
             charged=bool(raw.get("charged", True)), action=raw.get("action", ""),
             rule=raw.get("rule", ""))
+
+
+_FACT_FIELDS = tuple(f.name for f in fields(AttemptFacts))
 
 
 def _lines(window: LogWindow) -> list[str]:
