@@ -83,6 +83,8 @@ R = TypeVar("R")
 log = logging.getLogger(__name__)
 
 INGEST_BATCH = 4096  # messages per ingest batch: one table write per touched window
+# Ingest waits this long for more records to batch with the first, unless one may end its log
+# (_may_end_log): a lone failure's decision waited those 10 ms for its log's last record.
 INGEST_WITHIN_S = 0.01
 # Terminations and decide requests are taken as they are queued, with no wait for more: a
 # lone failure's decision is not held back, and the micro-batcher forms the model's batches.
@@ -109,6 +111,14 @@ _ToDecide = tuple[Any, JobEvent, float, LogWindow]
 _Read = tuple[Prediction, WindowReading]
 # A decision made, as the decided hooks get it: its window and the reading of its text.
 Decided = tuple[LogWindow, Decision, WindowReading]
+
+
+def _may_end_log(event: Any) -> bool:
+    """Whether a log record may mark the end of its log (``eos``), at a glance of its bytes:
+    a termination may be waiting for it, so ingest takes it without waiting for more records.
+    A false hint (the word in a line's text) only costs that wait; parsing decides."""
+    value = event.message.value
+    return value is not None and b'"eos"' in value
 
 
 def _decide_request_key(value: bytes | None) -> str:
@@ -393,7 +403,8 @@ class Pipeline:
 
     # ---------------------------------------------------------------- ingest
     async def _ingest(self, stream: Any) -> None:
-        await bulk.consume(stream, self._ingest_batch, INGEST_BATCH, INGEST_WITHIN_S)
+        await bulk.consume(stream, self._ingest_batch, INGEST_BATCH, INGEST_WITHIN_S,
+                           at_once=_may_end_log)
 
     def _parse_logs(self, events: Sequence[Any]) -> list[LogChunk | Exception]:
         return parse_log_records([event.message.value for event in events],

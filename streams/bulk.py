@@ -155,10 +155,12 @@ class _Taker:
                 self.held = None
 
 
-async def batches(stream: Any, max_records: int, within_s: float
+async def batches(stream: Any, max_records: int, within_s: float,
+                  at_once: Callable[[RecordEvent], bool] | None = None
                   ) -> AsyncGenerator[Batch, None]:
     """Batches of an agent's records, each of at most ``max_records``: what is queued when
-    the first record comes, then what came within ``within_s`` if that was fewer.
+    the first record comes, then what came within ``within_s`` if that was fewer, unless a
+    record queued holds ``at_once`` (someone is waiting for it: no wait for more).
 
     ``stream`` is the stream faust hands an agent on a :class:`BulkTopic`; only its channel
     is used. Acknowledge each batch's messages with :func:`acked` once it is finished."""
@@ -170,7 +172,8 @@ async def batches(stream: Any, max_records: int, within_s: float
             try:
                 await taker.wait()
                 taker.fill(batch, max_records)
-                if len(batch.events) < max_records and within_s > 0:
+                if len(batch.events) < max_records and within_s > 0 and not (
+                        at_once is not None and any(map(at_once, batch.events))):
                     await asyncio.sleep(within_s)
                     taker.fill(batch, max_records)
             except StopAsyncIteration:
@@ -218,7 +221,8 @@ async def finish(work: Awaitable[T]) -> T:
 
 
 async def consume(stream: Any, work: Callable[[Sequence[RecordEvent]], Awaitable[None]],
-                  max_records: int, within_s: float) -> None:
+                  max_records: int, within_s: float,
+                  at_once: Callable[[RecordEvent], bool] | None = None) -> None:
     """An agent's loop over its :func:`batches`: each batch is worked on to its end even if
     faust cancels the agent meanwhile, then acknowledged (:func:`acked`); a revoked
     partition's agent ends quietly."""
@@ -230,6 +234,7 @@ async def consume(stream: Any, work: Callable[[Sequence[RecordEvent]], Awaitable
     # The batches are closed on the way out, not when collected: the partition's channel
     # leaves the conductor before faust's next assignment looks at it.
     with contextlib.suppress(asyncio.CancelledError):
-        async with contextlib.aclosing(batches(stream, max_records, within_s)) as taken:
+        async with contextlib.aclosing(batches(stream, max_records, within_s, at_once)
+                                       ) as taken:
             async for batch in taken:
                 await finish(acked(work(batch.events), consumer, batch.messages))

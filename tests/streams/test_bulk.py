@@ -98,6 +98,31 @@ async def test_a_batch_holds_what_is_queued_up_to_its_limit_then_what_came_withi
     await taken.aclose()
 
 
+async def test_a_record_someone_waits_for_is_batched_without_waiting_for_more(
+        app: faust.App) -> None:
+    """A log's last record (a termination may be waiting for it) is worked on at once; other
+    records still wait for company."""
+    stream = _partition_stream(app)
+    taken = batches(stream, max_records=10, within_s=30.0,
+                    at_once=lambda event: event.message.offset == 7)
+    first = asyncio.ensure_future(anext(taken))
+    await asyncio.sleep(0)
+    channel = next(c for c in app.topics if c.active_partitions == {PARTITION})
+    channel.queue.put_nowait(_fetched(6, 7))
+    batch = await asyncio.wait_for(first, timeout=5.0)  # not the 30 s wait
+    assert [e.message.offset for e in batch.events] == [6, 7]
+
+    second = asyncio.ensure_future(anext(taken))
+    await asyncio.sleep(0)
+    channel.queue.put_nowait(_fetched(8))
+    await asyncio.sleep(0.05)
+    assert not second.done(), "a record nobody waits for waits for more"
+    second.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await second
+    await taken.aclose()
+
+
 async def test_a_partitions_channel_leaves_the_conductor_when_its_agent_stops(
         app: faust.App) -> None:
     stream = _partition_stream(app)
