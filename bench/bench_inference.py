@@ -42,7 +42,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-__all__ = ["main"]
+__all__ = ["main", "pipeline_logs"]
 
 logger = logging.getLogger(__name__)
 
@@ -68,7 +68,7 @@ def _corpus_windows(n: int, max_tokens: int) -> list[Any]:
     return out
 
 
-def _pipeline_logs(n: int) -> list[list[str]]:
+def pipeline_logs(n: int) -> list[list[str]]:
     """``n`` failed jobs' outputs as the pipeline benchmark sends them."""
     from bench_pipeline import failure_tail
     from common import LinePool
@@ -135,7 +135,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     torch.set_num_threads(args.threads)
     model = load_classifier(args.model or None, device=args.device)
     if args.shape == "pipeline":
-        logs = _pipeline_logs(args.windows)
+        logs = pipeline_logs(args.windows)
         windows = [_window(lines, str(i)) for i, lines in enumerate(logs)]
     else:
         windows = _corpus_windows(min(args.windows, 96), MAX_TOKENS)

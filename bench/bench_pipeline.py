@@ -15,7 +15,10 @@ project's 2-core box):
 (d) time from spawning a worker to its first decision, a failed job already waiting;
 (e) lone failures on the idle worker, shipped one at a time as ``sibylla ship JOB FILE
     --state FAILED`` does (log marked end of stream, then the termination): each decision's
-    ``latency_ms``, which must not include the grace period (the log is known complete).
+    ``latency_ms``, which must not include the grace period (the log is known complete);
+(f) where the model's features are built: at ingest (each line prepared as it arrives) or at
+    termination (what the worker does), as CPU added per line at ingest against CPU saved per
+    decision, in this process (``--phases features`` needs no worker).
 
 Every phase uses a fresh topic prefix and consumer group, so runs and phases never read each
 other's messages. Results go to bench/results/pipeline-<broker>.json and a table on stdout.
@@ -27,6 +30,7 @@ import argparse
 import asyncio
 import contextlib
 import importlib.metadata
+import math
 import os
 import platform
 import random
@@ -71,6 +75,7 @@ PHASES = {
     "decisions": "(d) spawn to first decision, (e) lone failures, then (b) event-to-decision "
                  "latency",
     "memory": "(c) peak RSS with 10,000 job windows",
+    "features": "(f) the model's features built at ingest vs at termination (in process)",
 }
 
 # Worker counters recorded at the end of the decisions phase, to tell a slow worker from a
@@ -390,6 +395,7 @@ class Bench:
             "single": lambda: self.ingest("single", self.single_records(), p.single_lines),
             "decisions": self.decisions,
             "memory": self.memories,
+            "features": features_where,
         }
         results: dict[str, Any] = {}
         for name in phases:
@@ -400,6 +406,80 @@ class Bench:
                 print(f"  FAILED: {exc}", flush=True)
                 results[name] = {"error": str(exc)[-2000:]}
         return results
+
+
+# ----------------------------------------------------------------------------- (f) features
+
+FEATURE_WINDOWS = 256
+
+
+def features_where() -> dict[str, Any]:
+    """(f) Where the model's input is built, measured on the decisions phase's failure logs
+    (200 training lines and a traceback each) in this process, CPU time, best of 3:
+
+    - at termination (what the worker does): ingest appends each record's lines to the window
+      (``TailWindow.extend``); the decision prepares the window's lines (``encode_window``);
+    - at ingest (``inference.incremental``): each line is also redacted and masked as it is
+      appended (``IncrementalFeatures.feed``); the decision only selects lines and looks up
+      ids (``IncrementalFeatures.encode``).
+
+    The line-template cache is warm, as in a worker that has run a while. The forward pass is
+    the same either way and is left out."""
+    from bench_inference import pipeline_logs
+
+    from sibylla.inference.engine import load_classifier
+    from sibylla.inference.features import encode_window
+    from sibylla.inference.incremental import IncrementalFeatures
+    from sibylla.streams.window import DEFAULT_LIMITS, TailWindow
+
+    vocab = load_classifier(None, device="cpu").vocab
+    logs = pipeline_logs(FEATURE_WINDOWS)
+    lines = sum(map(len, logs))
+
+    def cpu_s(work: Callable[[], Any]) -> float:
+        best = math.inf
+        for _ in range(3):
+            start = time.process_time()
+            work()
+            best = min(best, time.process_time() - start)
+        return best
+
+    def windows_only() -> list[TailWindow]:
+        out = []
+        for log in logs:
+            window = TailWindow(DEFAULT_LIMITS)
+            window.extend(log, 0.0)
+            out.append(window)
+        return out
+
+    def featurised() -> list[IncrementalFeatures]:
+        out = []
+        for log in logs:
+            features = IncrementalFeatures()
+            features.feed(log)
+            out.append(features)
+        return out
+
+    ingest_plain, ingest_fed = cpu_s(windows_only), cpu_s(featurised)
+    windows = [w.to_log_window(str(i), 0) for i, w in enumerate(windows_only())]
+    fed = featurised()
+    decide_plain = cpu_s(lambda: [encode_window(w, vocab) for w in windows])
+    decide_fed = cpu_s(lambda: [f.encode(vocab) for f in fed])
+    out = {
+        "windows": len(logs), "lines": lines,
+        "at_termination": {"ingest_us_per_line": round(ingest_plain / lines * 1e6, 2),
+                           "decision_ms_per_window": round(decide_plain / len(logs) * 1e3, 3)},
+        "at_ingest": {"ingest_us_per_line": round(ingest_fed / lines * 1e6, 2),
+                      "decision_ms_per_window": round(decide_fed / len(logs) * 1e3, 3)},
+    }
+    added_ms = (ingest_fed - ingest_plain) / len(logs) * 1e3
+    out["ingest_ms_added_per_window"] = round(added_ms, 3)
+    out["decision_ms_saved_per_window"] = round((decide_plain - decide_fed) / len(logs) * 1e3, 3)
+    print(f"  at ingest: {out['at_ingest']['ingest_us_per_line']} µs per line at ingest "
+          f"(window alone {out['at_termination']['ingest_us_per_line']}), "
+          f"{out['at_ingest']['decision_ms_per_window']} ms per decision (at termination "
+          f"{out['at_termination']['decision_ms_per_window']})", flush=True)
+    return out
 
 
 # ----------------------------------------------------------------------------- helpers
@@ -692,6 +772,15 @@ def print_table(report: dict[str, Any]) -> None:
              f"{len(d['lone_failures']['latency_ms'])} shipped one at a time; all: "
              f"{d['lone_failures']['latency_ms']}"),
         ]
+    f = r.get("features")
+    if f is not None and "error" in f:
+        rows.append(("features", "FAILED", f["error"].splitlines()[0][:80]))
+    elif f is not None:
+        rows.append(("features at ingest: +ingest / -decision (ms)",
+                     f"+{f['ingest_ms_added_per_window']} / -{f['decision_ms_saved_per_window']}",
+                     f"per {f['lines'] // f['windows']}-line window; µs per line at ingest "
+                     f"{f['at_ingest']['ingest_us_per_line']} vs "
+                     f"{f['at_termination']['ingest_us_per_line']} (at termination)"))
     for m in r.get("memory", []):
         if "error" in m:
             rows.append((f"peak RSS, {m['store']}", "FAILED", m["error"].splitlines()[0][:80]))
