@@ -6,9 +6,16 @@ a batch of events and the table writes it causes belong to one partition):
     logs ──────────► ingest ──► windows table (tail + first error block per attempt)
     job-events ────► terminations ──► pending table ──┐ (after the grace period, or at once
                                                       │  when the shipper marked end of stream)
-    decide-requests ◄─────────────────────────────────┘
-          └──────► decide ──► micro-batcher ──► model ──► decisions topic, decided table
-                                                └► window reader (reading.py; in parallel)
+                  the partition's decide task ◄───────┘
+          └──────► micro-batcher ──► model ──► decisions topic, decided table
+                   └► window reader (reading.py; in parallel)
+
+A decision is asked for in process (:meth:`Pipeline._decide_soon`), by whichever of the
+terminations agent, ingest and the timer finds the attempt ready; one task per partition makes
+them. The pending table is the durable record of the request: a worker that stops before the
+decision leaves it there, and its successor's timer asks again once the grace period is over
+and ingest has taken the job's log (after a restart the window is rebuilt from the records
+replayed beside it).
 
 At least once: an event is acknowledged only after its table writes and sends are queued, and
 faust flushes the producer before it commits offsets (sends use ``force=True``: faust would
@@ -28,6 +35,7 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import itertools
 import logging
 import os
 import threading
@@ -53,8 +61,6 @@ from sibylla.schemas.records import (
     LogChunk,
     ReasonClass,
     RecordError,
-    job_key,
-    load_json_object,
     parse_job_event,
     parse_log_records,
 )
@@ -73,7 +79,7 @@ from sibylla.streams.policy import CLASSIFIER_ERROR_CATEGORY
 from sibylla.streams.reading import WindowReader, WindowReading, read_window
 from sibylla.streams.reread import PartitionReader
 from sibylla.streams.state import WindowCache, live_get, live_items, live_items_of
-from sibylla.streams.window import TailWindow, WindowLimits
+from sibylla.streams.window import WindowLimits
 from sibylla.streams.window_store import SEGMENT_CHUNKS, WindowStore
 
 __all__ = ["Decided", "Pipeline"]
@@ -86,11 +92,11 @@ INGEST_BATCH = 4096  # messages per ingest batch: one table write per touched wi
 # Ingest waits this long for more records to batch with the first, unless one may end its log
 # (_may_end_log): a lone failure's decision waited those 10 ms for its log's last record.
 INGEST_WITHIN_S = 0.01
-# Terminations and decide requests are taken as they are queued, with no wait for more: a
-# lone failure's decision is not held back, and the micro-batcher forms the model's batches.
+# Terminations are taken as they are queued, with no wait for more: a lone failure's decision
+# is not held back, and the micro-batcher forms the model's batches.
 EVENTS_BATCH = 512
 SWEEP_EVERY_S = 30.0
-REQUEST_RETRY_S = 10.0  # re-request a decision not made within this (e.g. after a crash)
+REQUEST_RETRY_S = 10.0  # ask again for a decision not made within this (e.g. the model failed)
 CATCH_UP_LIMIT_S = 30.0  # longest wait past the grace period for ingest to catch up
 # A decided attempt's window is freed this long after the decision, not at once. The table
 # writes of a decision reach their changelogs independently; a worker killed in between could
@@ -105,8 +111,8 @@ STALL_CHECK_EVERY_S = 2.0
 # period, the catch-up wait and a re-request of that.
 LEDGER_CHECK_S = 120.0
 
-# A decision to make: the request's event, the termination, when it happened, the window.
-_ToDecide = tuple[Any, JobEvent, float, LogWindow]
+# A decision to make: the termination, when it happened, the window.
+_ToDecide = tuple[JobEvent, float, LogWindow]
 # What the model's batch gives a window: its prediction and the reading of its text.
 _Read = tuple[Prediction, WindowReading]
 # A decision made, as the decided hooks get it: its window and the reading of its text.
@@ -119,10 +125,6 @@ def _may_end_log(event: Any) -> bool:
     A false hint (the word in a line's text) only costs that wait; parsing decides."""
     value = event.message.value
     return value is not None and b'"eos"' in value
-
-
-def _decide_request_key(value: bytes | None) -> str:
-    return attempt_key(*job_key(load_json_object(value)))
 
 
 class Pipeline:
@@ -141,7 +143,7 @@ class Pipeline:
         self.activity = Activity()  # what the status page shows; the model once loaded
         # Every dead-letter series exists from the start at 0, so that Prometheus counts the
         # first rejected records as an increase (a series born at N has no increase).
-        for topic in (topology.logs, topology.job_events, topology.decide_requests):
+        for topic in (topology.logs, topology.job_events):
             for kind in REASON_CLASSES:
                 self.metrics.dead_letters.labels(topic=topic.get_topic_name(), reason=kind)
         self.limits = WindowLimits.of(s)
@@ -157,10 +159,14 @@ class Pipeline:
         )
         # r_f and MTTF from the job events of this worker's partitions (exported as metrics).
         self.reliability = FailureRateEstimator()
-        self._requested: dict[str, float] = {}  # attempt key -> when a decision was requested
+        self._requested: dict[str, float] = {}  # attempt key -> when its decision was asked
+        # partition -> the attempts to decide, in the order asked (_decide_soon), and the task
+        # deciding them
+        self._to_decide: dict[int, dict[str, None]] = defaultdict(dict)
+        self._deciders: dict[int, asyncio.Task[None]] = {}
         self._ingested: dict[int, int] = {}  # partition -> offset of the last log record taken
         # Called with each decide batch's new decisions (and their windows and readings)
-        # inside the decide agent's event context (table writes there land on the jobs'
+        # in the partition's context (in_partition: table writes there land on the jobs'
         # partition): online learning keeps the texts it needs.
         self.decided_hooks: list[Callable[[Sequence[Decided]], Awaitable[None]]] = []
         # Each job's earlier attempts, for the policy with memory.
@@ -168,9 +174,8 @@ class Pipeline:
         self._windows_swept: dict[int, float] = {}  # partition -> last TTL sweep
         # partition -> (when, attempt key) of decided windows to free (RELEASE_AFTER_S)
         self._to_release: dict[int, deque[tuple[float, str]]] = defaultdict(deque)
-        # partition -> an event of it, whose context table writes outside its batches borrow
-        # (freeing decided windows, saving changed ones)
-        self._context_event: dict[int, Any] = {}
+        # partition -> the stand-in event whose context its table writes take (in_partition)
+        self._partition_events: dict[int, bulk.RecordEvent] = {}
         self._decisions_swept: dict[int, float] = {}
         # Records read again out of band, each with a reader of its own: a long read of a
         # skipped range must not hold up the decide path's check of the decisions topic.
@@ -184,8 +189,7 @@ class Pipeline:
         # What runs in the background (reads ahead, the reader's start), cancelled at shutdown
         self._background: set[asyncio.Future[None]] = set()
         # Offsets asked of the broker out of band (bounded waits), and the lag gauge's source.
-        self.offsets = LagProbe(s, [s.topic("logs"), s.topic("job-events"),
-                                    s.topic("decide-requests")])
+        self.offsets = LagProbe(s, [s.topic("logs"), s.topic("job-events")])
 
     # ---------------------------------------------------------------- set-up
     def register(self) -> None:
@@ -193,7 +197,6 @@ class Pipeline:
         app.agent(self.t.logs, name="ingest", isolated_partitions=True)(self._ingest)
         app.agent(self.t.job_events, name="terminations", isolated_partitions=True)(
             self._terminations)
-        app.agent(self.t.decide_requests, name="decide", isolated_partitions=True)(self._decide)
         app.task(self._warm_up)
         app.timer(0.25, name="request_due_decisions")(self._request_due_decisions)
         app.timer(STALL_CHECK_EVERY_S, name="catch_up_stalled")(self._catch_up_stalled)
@@ -248,10 +251,14 @@ class Pipeline:
         for tp in revoked:
             if tp.topic != self.t.logs.get_topic_name():
                 continue
+            decider = self._deciders.pop(tp.partition, None)
+            if decider is not None:
+                decider.cancel()  # as faust stops a revoked partition's agents
             self.cache.forget(tp.partition)
             self.ledger.forget(tp.partition)
             for per_partition in (self._ingested, self._windows_swept, self._decisions_swept,
-                                  self._assigned_at, self._to_release, self._context_event):
+                                  self._assigned_at, self._to_release, self._partition_events,
+                                  self._to_decide):
                 per_partition.pop(tp.partition, None)
             for key in [k for k in self._requested
                         if partition_of(split_key(k)[0], partitions) == tp.partition]:
@@ -260,7 +267,7 @@ class Pipeline:
     async def _close_clients(self, app: Any, **_: Any) -> None:
         """Stop the consumers kept outside faust's (offsets asked, records read again) and
         the window reader's process."""
-        for task in list(self._background):
+        for task in [*self._background, *self._deciders.values()]:
             task.cancel()
         await asyncio.to_thread(self.reader.close)  # it waits for the batch being read
         await self.offsets.close()
@@ -312,7 +319,7 @@ class Pipeline:
 
     async def _with_missing(self, events: Sequence[Any]) -> Sequence[Any]:
         """The batch, preceded by the records the consumer skipped before it (gaps.py)."""
-        self.in_event(events[0])
+        self.in_partition(events[0].message.partition)
         found = await self.gaps.with_missing(events)
         if len(found) > len(events):
             self.metrics.refetched.labels(topic=events[0].message.topic).inc(
@@ -326,7 +333,7 @@ class Pipeline:
         letters when a worker was killed with them in its producer's buffer and its mark
         already on the changelog."""
         await self._delivered(events)
-        self.in_event(events[-1])
+        self.in_partition(events[-1].message.partition)
         self.gaps.mark(events)
 
     async def _delivered(self, events: Sequence[Any]) -> None:
@@ -386,12 +393,6 @@ class Pipeline:
             await self._reject(event, exc, agent)
             return None
 
-    async def _request_decision(self, job_id: str, attempt: int) -> None:
-        self._requested[attempt_key(job_id, attempt)] = time.monotonic()
-        await self.t.decide_requests.send(
-            key=job_id.encode(), value=orjson.dumps({"job_id": job_id, "attempt": attempt}),
-            force=True)
-
     def in_event(self, event: Any) -> Token[Any]:
         """Make ``event`` this task's current event; the token undoes it. The caller keeps
         ``event`` alive while it writes: faust holds only a weak reference."""
@@ -400,6 +401,22 @@ class Pipeline:
         # isolated per partition). Only the task's context variable is set: a stream's
         # ``current_event`` belongs to faust's iterator (the operator-votes agent has one).
         return _current_event.set(weakref.ref(event))
+
+    def in_partition(self, partition: int) -> None:
+        """Make this task's table writes go to ``partition``'s changelogs."""
+        self.in_event(self._partition_event(partition))
+
+    def _partition_event(self, partition: int) -> bulk.RecordEvent:
+        """The event standing for ``partition`` in table writes, kept here until the
+        partition is revoked (a caller that may outlive that keeps it while it writes).
+        faust reads only the current event's topic and partition to route a write, and
+        decisions and saves are made outside any record's batch: a timer's decision after a
+        restart may have no record of the partition to borrow."""
+        event = self._partition_events.get(partition)
+        if event is None:
+            event = self._partition_events[partition] = bulk.RecordEvent(bulk.Record(
+                self.t.logs.get_topic_name(), partition, -1, None, None, 0.0))
+        return event
 
     # ---------------------------------------------------------------- ingest
     async def _ingest(self, stream: Any) -> None:
@@ -453,8 +470,7 @@ class Pipeline:
             nbytes += len(msg.value)
             records += 1
         # Every table write below goes to this partition's changelogs.
-        self.in_event(events[-1])
-        self._context_event[partition] = events[-1]
+        self.in_partition(partition)
         for key, window in touched.items():  # their lines, a segment's worth at a time
             # An ended log waits for the commit's save: its attempt is usually decided
             # before then, and a decided window is never written (_mark_decided).
@@ -463,7 +479,7 @@ class Pipeline:
         self.cache.changed(partition, touched)  # the rest, before the next commit
         for job_id, attempt in ended:
             if live_get(pending, attempt_key(job_id, attempt)) is not None:
-                await self._request_decision(job_id, attempt)
+                self._decide_soon(partition, attempt_key(job_id, attempt))
         self._ingested[partition] = events[-1].message.offset
         await self._finished(events)
         m.lines.inc(lines)
@@ -486,10 +502,10 @@ class Pipeline:
         for partition in self.cache.partitions_changed():
             changed = self.cache.take_changed(partition)
             # This task's context: the agents that run at the sleep below keep their own. The
-            # event is held here: ingest replaces the partition's at that sleep, and a weak
+            # event is held here: a revocation at that sleep drops the partition's, and a weak
             # reference alone died with it ("Cannot modify table key from outside of stream
-            # iteration" crashed the worker's commit).
-            event = self._context_event[partition]
+            # iteration" crashed the worker's commit when ingest replaced the event it used).
+            event = self._partition_event(partition)
             token = self.in_event(event)
             try:
                 for key, window in changed.items():
@@ -563,7 +579,7 @@ class Pipeline:
         if live_get(self.t.decided, key) or live_get(self.t.pending, key):
             return  # a replay: the attempt is already being (or was) decided
         partition = event.message.partition
-        self.in_event(event)
+        self.in_partition(partition)
         if not job.failed:
             self._release(partition, key)
             return
@@ -580,7 +596,6 @@ class Pipeline:
             # high-water mark is stale for partitions paused by flow control. No answer in
             # time: the decision waits out the grace period only.
             log_end = await self.offsets.end_offset(self.t.logs.get_topic_name(), partition)
-            self.in_event(event)
             # Ingest may have taken the end-of-stream record while we asked: it found no
             # pending termination then, so nobody else would ask for the decision before the
             # grace period ends (3 lone failures in 4 waited it out). No await from here to
@@ -591,7 +606,7 @@ class Pipeline:
             {"event": job.to_dict(), "event_time": event_time, "deadline": time.time() + grace,
              "log_end": log_end})
         if now_ready:
-            await self._request_decision(job.job_id, job.attempt)
+            self._decide_soon(partition, key)
 
     def _release(self, partition: int, key: str) -> None:
         """A completed (or cancelled) attempt needs no verdict: free its window."""
@@ -634,15 +649,16 @@ class Pipeline:
         if app.rebalancing:
             return
         for partition, due in list(self._to_release.items()):
-            if due and due[0][0] <= time.time() and partition in self._context_event:
-                self.in_event(self._context_event[partition])
+            if due and due[0][0] <= time.time():
+                self.in_partition(partition)
                 self._release_decided(partition, time.time())
         assigned = app.assignor.assigned_actives()
         topic = self.t.job_events.get_topic_name()
         now, mono = time.time(), time.monotonic()
         for key, value in live_items(self.t.pending):
             job_id, attempt = split_key(key)
-            if TP(topic, partition_of(job_id, self.settings.partitions)) not in assigned:
+            partition = partition_of(job_id, self.settings.partitions)
+            if TP(topic, partition) not in assigned:
                 continue
             pending = orjson.loads(value)
             if pending["deadline"] > now:
@@ -652,8 +668,7 @@ class Pipeline:
                 continue
             # The catch-up wait counts from when this worker got the partition: after a
             # restart or a rebalance its backlog is new to it, however old the termination.
-            owned_since = self._assigned_at.get(partition_of(job_id, self.settings.partitions),
-                                                0.0)
+            owned_since = self._assigned_at.get(partition, 0.0)
             if not await self._logs_taken(job_id, pending.get("log_end")):
                 waited = now - max(pending["deadline"], owned_since)
                 if waited < CATCH_UP_LIMIT_S:
@@ -661,27 +676,7 @@ class Pipeline:
                 log.warning("deciding %s attempt %s before ingest took its log to the end "
                             "(%.0f s past its grace period): its window may be short",
                             job_id, attempt, waited)
-            await self._request_decision(job_id, attempt)
-
-    async def _replay_ready(self, job: JobEvent, pending: dict[str, Any],
-                            window: TailWindow | None, taken: dict[int | None, bool]) -> bool:
-        """May a decide request this worker did not make be acted on now? Such a request was
-        replayed after a restart or a hand-over of the partition, and the records that build
-        its window are replayed beside it, from other topics: taken first, it was decided on
-        a window still empty (a fault campaign on Apache Kafka decided six attempts of 41 to
-        250 lines that way, just after a rebalance). Ready once the window has its end of
-        stream, or the grace period is over and ingest has taken the job's log to its end;
-        otherwise :meth:`_request_due_decisions` asks again when it is (CATCH_UP_LIMIT_S at
-        most past the grace period). ``taken``: :meth:`_logs_taken`'s answers by log end for
-        the batch (one partition), so a replay of many requests asks the broker once."""
-        if window is not None and window.eos:
-            return True
-        if pending["deadline"] > time.time():
-            return False
-        log_end = pending.get("log_end")
-        if log_end not in taken:
-            taken[log_end] = await self._logs_taken(job.job_id, log_end)
-        return taken[log_end]
+            self._decide_soon(partition, key)
 
     async def _logs_taken(self, job_id: str, log_end: int | None) -> bool:
         """Has ingest taken every log record that was on the job's partition at its end?
@@ -700,25 +695,41 @@ class Pipeline:
         return committed is not None and committed >= log_end
 
     # ---------------------------------------------------------------- decide
-    async def _decide(self, stream: Any) -> None:
-        # Take what this partition has buffered; waiting for a batch to fill is the
-        # MicroBatcher's job (up to batch_max_wait_ms, across partitions). Waiting here too
-        # made a lone failure wait twice that.
-        await bulk.consume(stream, self._decide_batch, self.settings.batch_max_windows,
-                           within_s=0.0)
+    def _decide_soon(self, partition: int, key: str) -> None:
+        """Queue a pending attempt for its decision, made by the partition's decide task
+        (started if there is none). Asked in process, not through a topic: the hop cost a
+        produce and a fetch per failure, and 7-23 ms of a lone failure's decision on an idle
+        worker (docs/pipeline-bench.md, finding 20)."""
+        self._requested[key] = time.monotonic()
+        self._to_decide[partition][key] = None
+        if partition not in self._deciders:
+            self._deciders[partition] = asyncio.ensure_future(self._decide_queued(partition))
 
-    async def _decide_batch(self, events: Sequence[Any]) -> None:
-        await self._decide_requested(events)
-        await self._delivered(events)
+    async def _decide_queued(self, partition: int) -> None:
+        """Decide the partition's queued attempts, a batch at a time (up to the
+        micro-batcher's size; the batcher forms the model's batches across partitions),
+        until none is left. A batch that fails stays pending: the timer asks again
+        (REQUEST_RETRY_S)."""
+        queued = self._to_decide[partition]
+        try:
+            while queued:
+                keys = list(itertools.islice(queued, self.settings.batch_max_windows))
+                for key in keys:
+                    del queued[key]
+                try:
+                    await self._decide(partition, keys)
+                except Exception:  # noqa: BLE001 - the attempts stay pending
+                    log.exception("deciding %d attempts of partition %d failed; they stay "
+                                  "pending and are asked for again", len(keys), partition)
+        finally:
+            # No await since the queue was found empty: a key queued now finds no task and
+            # starts one.
+            if self._deciders.get(partition) is asyncio.current_task():
+                del self._deciders[partition]
 
-    async def _decide_requested(self, events: Sequence[Any]) -> None:
-        partition = events[0].message.partition
+    async def _decide(self, partition: int, keys: Sequence[str]) -> None:
         todo: dict[str, _ToDecide] = {}
-        taken: dict[int | None, bool] = {}  # for requests replayed (_replay_ready)
-        for event in events:
-            key = await self._parsed(event, _decide_request_key, "decide")
-            if key is None or key in todo:
-                continue
+        for key in keys:
             if live_get(self.t.decided, key) is not None:
                 self._requested.pop(key, None)
                 continue
@@ -728,14 +739,11 @@ class Pipeline:
             pending = orjson.loads(raw)
             job = JobEvent.from_dict(pending["event"])
             window = self.cache.get(partition, key)
-            if key not in self._requested and not await self._replay_ready(
-                    job, pending, window, taken):
-                continue  # stays pending: the timer asks again once the logs are in
             log_window = (window.to_log_window(job.job_id, job.attempt) if window is not None
                           else LogWindow(job.job_id, job.attempt, []))
-            todo[key] = (event, job, pending["event_time"], log_window)
+            todo[key] = (job, pending["event_time"], log_window)
         now = time.time()
-        self.in_event(events[-1])
+        self.in_partition(partition)
         self._release_decided(partition, now)
         if now - self._decisions_swept.get(partition, 0.0) > SWEEP_EVERY_S:
             self._decisions_swept[partition] = now
@@ -744,15 +752,15 @@ class Pipeline:
         if not todo:
             return
         taken_at = time.time()
-        read = await self._classify([w for (_, _, _, w) in todo.values()])
+        read = await self._classify([w for (_, _, w) in todo.values()])
         if read is None:
-            return  # the requests stay pending: the timer asks again (REQUEST_RETRY_S)
+            return  # the attempts stay pending: the timer asks again (REQUEST_RETRY_S)
         classified_at = time.time()
         version = self.classifier.version
+        self.in_partition(partition)  # the memory's table writes go to the jobs' partition
         made = []
-        for (key, (event, job, event_time, window)), (prediction, reading) in zip(
+        for (key, (job, event_time, window)), (prediction, reading) in zip(
                 todo.items(), read, strict=True):
-            self.in_event(event)  # the memory's table write goes to the job's partition
             decision = self.memory.decide(job, window, prediction, reading, version,
                                           time.time(), event_time)
             if window.empty:  # the site's default policy then: worth an operator's look
@@ -762,24 +770,24 @@ class Pipeline:
             value = decision.to_json()
             delivered = await self.t.decisions.send(key=job.job_id.encode(), value=value,
                                                     force=True)
-            made.append((key, event, job, window, reading, decision, value, delivered))
+            made.append((key, job, window, reading, decision, value, delivered))
         # Only what the broker holds is marked decided (see the module's docstring). A decision
         # it refused stays pending and is made again.
         outcomes = await asyncio.gather(*(d for *_, d in made), return_exceptions=True)
         published_at = time.time()
         done: list[Decided] = []
-        for (key, event, job, window, reading, decision, value, _), outcome in zip(
+        for (key, job, window, reading, decision, value, _), outcome in zip(
                 made, outcomes, strict=True):
             if isinstance(outcome, BaseException):
                 log.warning("decision for %s not delivered (%r); it will be made again",
                             key, outcome)
                 continue
-            self._mark_decided(partition, key, event, job, value)
+            self._mark_decided(partition, key, job, value)
             self.metrics.decisions.labels(verdict=decision.verdict, action=decision.action).inc()
             if decision.explored:
                 self.metrics.explored.inc()
             self.metrics.decision_latency.observe(decision.latency_ms / 1000.0)
-            event_time = todo[key][2]
+            event_time = todo[key][1]
             self.metrics.waiting.observe(max(0.0, taken_at - event_time))
             self.metrics.classifying.observe(classified_at - taken_at)
             self.metrics.publishing.observe(published_at - classified_at)
@@ -788,11 +796,10 @@ class Pipeline:
         for hook in self.decided_hooks if done else ():
             await hook(done)
 
-    def _mark_decided(self, partition: int, key: str, event: Any, job: JobEvent,
-                      value: bytes) -> None:
+    def _mark_decided(self, partition: int, key: str, job: JobEvent, value: bytes) -> None:
         """Record that the decisions topic holds the attempt's decision ``value``: replays
         skip it, its window is freed RELEASE_AFTER_S later."""
-        self.in_event(event)
+        self.in_partition(partition)
         self.t.decided[key] = value
         self.t.latest[job.job_id] = str(job.attempt).encode()
         del self.t.pending[key]
@@ -803,7 +810,6 @@ class Pipeline:
         # changelog records a failure cost (docs/pipeline-bench.md, finding 14).
         self.cache.settled(partition, key)
         self._to_release[partition].append((time.time() + RELEASE_AFTER_S, key))
-        self._context_event[partition] = event
         self._requested.pop(key, None)
 
     async def _not_on_topic(self, partition: int, todo: dict[str, _ToDecide]
@@ -812,7 +818,7 @@ class Pipeline:
         (ledger.py): asked while the partition is new to this worker and for empty windows.
         Those are marked decided; when the topic cannot be read, the asked ones wait."""
         new_here = time.time() - self._assigned_at.get(partition, 0.0) < LEDGER_CHECK_S
-        asked = {key: event_time for key, (_, _, event_time, window) in todo.items()
+        asked = {key: event_time for key, (_, event_time, window) in todo.items()
                  if new_here or window.empty}
         if not asked:
             return todo
@@ -820,10 +826,10 @@ class Pipeline:
         if found is None:
             return {key: item for key, item in todo.items() if key not in asked}
         for key, value in found.items():
-            event, job, _, _ = todo.pop(key)
+            job, _, _ = todo.pop(key)
             log.warning("%s: its decision is already on the decisions topic, though not in "
                         "this worker's decided table; adopted, not made again", key)
-            self._mark_decided(partition, key, event, job, value)
+            self._mark_decided(partition, key, job, value)
             self.metrics.adopted_decisions.inc()
         return todo
 

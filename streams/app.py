@@ -30,7 +30,6 @@ class Topology:
     app: SibyllaApp
     logs: Any
     job_events: Any
-    decide_requests: Any
     decisions: Any
     deadletter: Any
     labels: Any
@@ -107,7 +106,6 @@ def build_app(settings: Settings) -> Topology:
 
     logs = bulk_topic(t("logs"))
     job_events = bulk_topic(t("job-events"))
-    decide_requests = bulk_topic(t("decide-requests"), internal=True)
     decisions = app.topic(t("decisions"), **RAW, **part)
     deadletter = app.topic(t("deadletter"), **RAW)
     labels = app.topic(t("labels"), **RAW, **part)
@@ -117,7 +115,7 @@ def build_app(settings: Settings) -> Topology:
 
     return Topology(
         settings=settings, app=app, logs=logs, job_events=job_events,
-        decide_requests=decide_requests, decisions=decisions, deadletter=deadletter,
+        decisions=decisions, deadletter=deadletter,
         labels=labels, windows=table("windows"), window_chunks=table("window-chunks"),
         pending=table("pending"),
         decided=table("decided"), latest=table("latest"), offsets=table("offsets"),

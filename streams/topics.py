@@ -22,11 +22,11 @@ __all__ = ["COPARTITIONED", "broker_answers", "changelog_topic", "ensure_topics"
 
 log = logging.getLogger(__name__)
 
-# Topics keyed by job_id that must share the partition count. The internal ones (decide-requests,
-# label-votes) are created here too: left to faust, a topic created moments before the group's
+# Topics keyed by job_id that must share the partition count. The internal one (label-votes) is
+# created here too: left to faust, a topic created moments before the group's
 # first assignment can be missing from the broker's metadata, and faust's assignor then skips
 # it ("Ignoring missing topic") until a later rebalance: no decisions meanwhile (seen on Kafka).
-COPARTITIONED = ("logs", "job-events", "decisions", "labels", "decide-requests", "label-votes")
+COPARTITIONED = ("logs", "job-events", "decisions", "labels", "label-votes")
 # The worker's tables (faust names their changelogs "<group>-<table>-changelog"). Created here for
 # the same reason; faust also reported a just-created changelog with no partitions yet and
 # stopped the agent that wrote to it ("PartitionsMismatch").

@@ -8,7 +8,7 @@ Who writes a topic is who the topic's readers trust: a shipper that could write
 - a **shipper** writes ``logs``; a **scheduler** hook writes ``job-events`` and reads
   ``decisions`` (``sibylla decisions --follow`` uses no consumer group);
 - a **worker** reads what it consumes, writes what it publishes (``decisions``, ``labels``,
-  ``deadletter``, its internal ``decide-requests`` and ``label-votes``, and ``logs``, where it
+  ``deadletter``, its internal ``label-votes``, and ``logs``, where it
   re-publishes a record keyed by something else than its job_id), reads ``models``, owns the
   topics named ``<group>-*`` (its tables' changelogs, faust's leader topic) and reads in its
   consumer group;
@@ -56,7 +56,6 @@ GRANTS: tuple[Grant, ...] = (
     Grant("worker", "topic", "logs", ("READ", "WRITE"),
           "reads lines; re-publishes a record under its job_id"),
     Grant("worker", "topic", "job-events", ("READ",), "reads terminations and retry outcomes"),
-    Grant("worker", "topic", "decide-requests", ("READ", "WRITE"), "its internal topic"),
     Grant("worker", "topic", "label-votes", ("READ", "WRITE"), "operator votes (POST /labels)"),
     Grant("worker", "topic", "decisions", ("WRITE",), "publishes decisions"),
     Grant("worker", "topic", "labels", ("WRITE",), "publishes labels"),

@@ -1,0 +1,162 @@
+"""Decisions asked in process: one task per partition decides what the terminations agent,
+ingest and the timer queue, and the pending table keeps every request until it is decided."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import time
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import orjson
+import pytest
+from faust.types import TP
+
+from sibylla.schemas.records import JobEvent
+from sibylla.settings import Settings
+from sibylla.streams.agents import CATCH_UP_LIMIT_S, Pipeline
+from sibylla.streams.worker import build_worker
+
+JOBS = ("job-a", "job-b", "job-c")
+
+
+def _pending(job_id: str, ended_s_ago: float = 10.0) -> bytes:
+    event = JobEvent(job_id, 0, "finished", "FAILED", 1)
+    return orjson.dumps({"event": event.to_dict(), "event_time": time.time() - ended_s_ago,
+                         "deadline": time.time() - ended_s_ago + 2, "log_end": None})
+
+
+class _Model:
+    """Stands for the decide path's classification: records the windows it is asked about,
+    decides nothing (the attempts stay pending), and can be held or made to fail."""
+
+    def __init__(self) -> None:
+        self.asked: list[list[str]] = []
+        self.hold = asyncio.Event()
+        self.hold.set()
+        self.fail_next = False
+
+    async def classify(self, windows: list[Any]) -> None:
+        self.asked.append([w.job_id for w in windows])
+        await self.hold.wait()
+        if self.fail_next:
+            self.fail_next = False
+            raise RuntimeError("the model process died")
+        return None
+
+
+@pytest.fixture
+def worker(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[Pipeline, _Model]:
+    """A worker owning partition 0 of a one-partition topology, with a failed termination of
+    each job in JOBS pending past its grace period, and the decisions topic holding none."""
+    settings = Settings.from_env({"SIBYLLA_PARTITIONS": "1"}, store="memory",
+                                 data_dir=str(tmp_path))
+    pipeline = build_worker(settings, SimpleNamespace(version="v0", predict=None))
+    pipeline.t = dataclasses.replace(
+        pipeline.t, decided={}, pending={f"0:{job}": _pending(job) for job in JOBS})
+    pipeline._decisions_swept[0] = time.time()  # no sweep of old decisions in these calls
+    model = _Model()
+
+    async def on_topic(partition: int, asked: dict[str, float]) -> dict[str, bytes]:
+        return {}
+
+    monkeypatch.setattr(pipeline, "_classify", model.classify)
+    monkeypatch.setattr(pipeline.ledger, "decided", on_topic)
+    return pipeline, model
+
+
+async def _idle(pipeline: Pipeline) -> None:
+    while pipeline._deciders:
+        await asyncio.sleep(0)
+
+
+async def test_attempts_asked_during_a_batch_are_decided_next_by_the_same_task(
+        worker: tuple[Pipeline, _Model]) -> None:
+    """A burst of failures on a partition is decided in batches, none lost and none twice,
+    and the task ends once the queue is empty; the next request starts another."""
+    pipeline, model = worker
+    model.hold.clear()
+    pipeline._decide_soon(0, "0:job-a")
+    await asyncio.sleep(0)  # the task takes job-a's batch and waits on the model
+    pipeline._decide_soon(0, "0:job-b")
+    pipeline._decide_soon(0, "0:job-c")
+    pipeline._decide_soon(0, "0:job-b")  # asked twice (the timer and ingest): decided once
+    model.hold.set()
+    await _idle(pipeline)
+    assert model.asked == [["job-a"], ["job-b", "job-c"]]
+    pipeline._decide_soon(0, "0:job-a")
+    await _idle(pipeline)
+    assert model.asked[-1] == ["job-a"]
+
+
+async def test_a_batch_that_fails_stays_pending_and_later_ones_are_decided(
+        worker: tuple[Pipeline, _Model]) -> None:
+    pipeline, model = worker
+    model.hold.clear()
+    model.fail_next = True
+    pipeline._decide_soon(0, "0:job-a")
+    await asyncio.sleep(0)
+    pipeline._decide_soon(0, "0:job-b")
+    model.hold.set()
+    await _idle(pipeline)
+    assert model.asked == [["job-a"], ["job-b"]]
+    assert "0:job-a" in pipeline.t.pending, "the timer asks again (REQUEST_RETRY_S)"
+    assert "0:job-a" in pipeline._requested
+
+
+async def test_a_revoked_partitions_decisions_stop(worker: tuple[Pipeline, _Model]) -> None:
+    """As faust stops a revoked partition's agents: its new owner decides what is pending."""
+    pipeline, model = worker
+    model.hold.clear()
+    pipeline._decide_soon(0, "0:job-a")
+    await asyncio.sleep(0)
+    pipeline._decide_soon(0, "0:job-b")
+    await pipeline._on_revoked(pipeline.t.app, {TP(pipeline.t.logs.get_topic_name(), 0)})
+    model.hold.set()
+    await asyncio.sleep(0.01)
+    assert model.asked == [["job-a"]]
+    assert not pipeline._deciders and 0 not in pipeline._to_decide
+    assert set(pipeline.t.pending) == {f"0:{job}" for job in JOBS}
+
+
+async def test_after_a_restart_the_timer_decides_once_ingest_took_the_log(
+        worker: tuple[Pipeline, _Model], monkeypatch: pytest.MonkeyPatch) -> None:
+    """A restarted worker finds the terminations pending in its table and the job's log
+    records still being replayed: decided before ingest took them, an attempt was decided on
+    an empty window (a fault campaign: six attempts of 41-250 lines decided with none)."""
+    pipeline, model = worker
+    pipeline.t.pending = {"0:job-a": _pending("job-a")}
+    owned = {TP(pipeline.t.job_events.get_topic_name(), 0)}
+    monkeypatch.setattr(pipeline.t.app.assignor, "assigned_actives", lambda: owned)
+    pipeline._assigned_at[0] = time.time()  # just restarted: the catch-up wait starts now
+    taken = False
+
+    async def logs_taken(job_id: str, log_end: int | None) -> bool:
+        return taken
+
+    monkeypatch.setattr(pipeline, "_logs_taken", logs_taken)
+    await pipeline._request_due_decisions()
+    await _idle(pipeline)
+    assert model.asked == []
+    taken = True
+    await pipeline._request_due_decisions()
+    await _idle(pipeline)
+    assert model.asked == [["job-a"]]
+
+
+async def test_a_log_never_taken_is_decided_after_the_catch_up_limit(
+        worker: tuple[Pipeline, _Model], monkeypatch: pytest.MonkeyPatch) -> None:
+    pipeline, model = worker
+    pipeline.t.pending = {"0:job-a": _pending("job-a", ended_s_ago=CATCH_UP_LIMIT_S + 5)}
+    owned = {TP(pipeline.t.job_events.get_topic_name(), 0)}
+    monkeypatch.setattr(pipeline.t.app.assignor, "assigned_actives", lambda: owned)
+
+    async def logs_not_taken(job_id: str, log_end: int | None) -> bool:
+        return False
+
+    monkeypatch.setattr(pipeline, "_logs_taken", logs_not_taken)
+    await pipeline._request_due_decisions()
+    await _idle(pipeline)
+    assert model.asked == [["job-a"]]
