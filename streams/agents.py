@@ -4,18 +4,21 @@ Data flow (all topics keyed by job_id and co-partitioned, every agent isolated p
 a batch of events and the table writes it causes belong to one partition):
 
     logs ──────────► ingest ──► windows table (tail + first error block per attempt)
-    job-events ────► terminations ──► pending table ──┐ (after the grace period, or at once
-                                                      │  when the shipper marked end of stream)
-                  the partition's decide task ◄───────┘
-          └──────► micro-batcher ──► model ──► decisions topic, decided table
-                   └► window reader (reading.py; in parallel)
+    job-events ────► terminations ─┬─► log ended: decided with the batch of terminations ─┐
+                                   └─► pending table ─► the partition's decide task ──────┤
+                                       (grace period over, or end of stream)              │
+           decisions topic, decided table ◄── model ◄── micro-batcher ◄───────────────────┘
+                                  window reader (reading.py) ◄─┘ (beside the model)
 
-A decision is asked for in process (:meth:`Pipeline._decide_soon`), by whichever of the
-terminations agent, ingest and the timer finds the attempt ready; one task per partition makes
-them. The pending table is the durable record of the request: a worker that stops before the
-decision leaves it there, and its successor's timer asks again once the grace period is over
-and ingest has taken the job's log (after a restart the window is rebuilt from the records
-replayed beside it).
+A failed attempt whose log has ended when its termination comes (the shipper marked its end
+of stream) is decided before the termination is acknowledged: a crash replays the termination.
+Any other is written to the pending table, the durable record of a decision owed, and decided
+in process (:meth:`Pipeline._decide_soon`) by the partition's decide task, when ingest takes
+the end of its log or the timer finds its grace period over. A worker that stops first leaves
+it pending, and its successor's timer asks again once the grace period is over and ingest has
+taken the job's log (after a restart the window is rebuilt from the records replayed beside
+it). No decision goes through a topic of its own: that hop cost a produce, a fetch and an
+agent batch per failure.
 
 At least once: an event is acknowledged only after its table writes and sends are queued, and
 faust flushes the producer before it commits offsets (sends use ``force=True``: faust would
@@ -79,7 +82,7 @@ from sibylla.streams.policy import CLASSIFIER_ERROR_CATEGORY
 from sibylla.streams.reading import WindowReader, WindowReading, read_window
 from sibylla.streams.reread import PartitionReader
 from sibylla.streams.state import WindowCache, live_get, live_items, live_items_of
-from sibylla.streams.window import WindowLimits
+from sibylla.streams.window import TailWindow, WindowLimits
 from sibylla.streams.window_store import SEGMENT_CHUNKS, WindowStore
 
 __all__ = ["Decided", "Pipeline"]
@@ -556,57 +559,89 @@ class Pipeline:
 
     async def _terminations_batch(self, events: Sequence[Any]) -> None:
         events = await self._with_missing(events)
+        ready: dict[str, _ToDecide] = {}
         for event in events:
             try:
-                await self._on_job_event(event)
+                found = await self._on_job_event(event)
             except Exception as exc:  # noqa: BLE001 - one event never takes the batch
                 log.exception("job event %s[%d]@%d failed", event.message.topic,
                               event.message.partition, event.message.offset)
                 await self._dead_letter(
                     event, f"internal error: {type(exc).__name__}: {exc}", "invalid_field",
                     "terminations")
+                continue
+            if found is not None:
+                job = found[0]
+                ready[attempt_key(job.job_id, job.attempt)] = found
+        if ready:
+            await self._decide_at_termination(events[0].message.partition, ready)
         await self._finished(events)
 
-    async def _on_job_event(self, event: Any) -> None:
+    async def _on_job_event(self, event: Any) -> _ToDecide | None:
+        """Take a job event; a failed attempt whose log has ended is returned, to be decided
+        with the batch (:meth:`_decide_at_termination`), any other is left pending."""
         job = await self._parsed(event, parse_job_event, "terminations")
         if job is None:
-            return
+            return None
         self.metrics.job_events.labels(event=job.event, state=job.state or "").inc()
         self.reliability.observe(job, time.time())
         if job.event != "finished":
-            return
+            return None
         key = attempt_key(job.job_id, job.attempt)
         if live_get(self.t.decided, key) or live_get(self.t.pending, key):
-            return  # a replay: the attempt is already being (or was) decided
+            return None  # a replay: the attempt is already being (or was) decided
         partition = event.message.partition
         self.in_partition(partition)
         if not job.failed:
             self._release(partition, key)
-            return
+            return None
         # The broker's timestamp of the termination event starts the decision's clock.
         event_time = event.message.timestamp or time.time()
         grace = self.settings.grace_period_s
         window = self.cache.get(partition, key)
-        now_ready = grace <= 0 or (window is not None and window.eos)
-        log_end = None
-        if not now_ready:
-            # The end of the job's log partition now: lines printed before the job ended lie
-            # below it, and the decision waits until ingest has taken them (a backlog after a
-            # restart can outlast the grace period). Asked of the broker: the consumer's own
-            # high-water mark is stale for partitions paused by flow control. No answer in
-            # time: the decision waits out the grace period only.
-            log_end = await self.offsets.end_offset(self.t.logs.get_topic_name(), partition)
-            # Ingest may have taken the end-of-stream record while we asked: it found no
-            # pending termination then, so nobody else would ask for the decision before the
-            # grace period ends (3 lone failures in 4 waited it out). No await from here to
-            # the pending write, so ingest sees either this eos check or the pending entry.
-            window = self.cache.get(partition, key)
-            now_ready = window is not None and window.eos
+        if grace <= 0 or (window is not None and window.eos):
+            return job, event_time, _log_window(job, window)
+        # The end of the job's log partition now: lines printed before the job ended lie below
+        # it, and the decision waits until ingest has taken them (a backlog after a restart
+        # can outlast the grace period). Asked of the broker: the consumer's own high-water
+        # mark is stale for partitions paused by flow control. No answer in time: the
+        # decision waits out the grace period only.
+        log_end = await self.offsets.end_offset(self.t.logs.get_topic_name(), partition)
+        # Ingest may have taken the end-of-stream record while we asked: it found no
+        # pending termination then, so nobody else would ask for the decision before the
+        # grace period ends (3 lone failures in 4 waited it out). No await from here to
+        # the pending write, so ingest sees either this eos check or the pending entry.
+        window = self.cache.get(partition, key)
+        if window is not None and window.eos:
+            return job, event_time, _log_window(job, window)
+        self._write_pending(key, job, event_time, time.time() + grace, log_end)
+        return None
+
+    def _write_pending(self, key: str, job: JobEvent, event_time: float, deadline: float,
+                       log_end: int | None) -> None:
+        """Record a failed attempt to decide (read by :meth:`_decide` and the timer)."""
         self.t.pending[key] = orjson.dumps(
-            {"event": job.to_dict(), "event_time": event_time, "deadline": time.time() + grace,
+            {"event": job.to_dict(), "event_time": event_time, "deadline": deadline,
              "log_end": log_end})
-        if now_ready:
-            self._decide_soon(partition, key)
+
+    async def _decide_at_termination(self, partition: int, ready: dict[str, _ToDecide]
+                                     ) -> None:
+        """Decide the failed attempts whose log had ended when their termination came, before
+        the terminations are acknowledged: a crash replays them, so they need no pending
+        entry (its write and deletion were two of a failure's changelog records). One not
+        decided (the model failed, the broker refused its decision) is left pending, and
+        the timer asks again (REQUEST_RETRY_S)."""
+        try:
+            await self._decide_todo(partition, ready, was_pending=False)
+        except Exception:  # noqa: BLE001 - the attempts are left pending below
+            log.exception("deciding %d attempts of partition %d at their termination "
+                          "failed; they are left pending", len(ready), partition)
+        self.in_partition(partition)
+        now, mono = time.time(), time.monotonic()
+        for key, (job, event_time, _) in ready.items():
+            if live_get(self.t.decided, key) is None:
+                self._write_pending(key, job, event_time, now, None)
+                self._requested[key] = mono
 
     def _release(self, partition: int, key: str) -> None:
         """A completed (or cancelled) attempt needs no verdict: free its window."""
@@ -697,9 +732,9 @@ class Pipeline:
     # ---------------------------------------------------------------- decide
     def _decide_soon(self, partition: int, key: str) -> None:
         """Queue a pending attempt for its decision, made by the partition's decide task
-        (started if there is none). Asked in process, not through a topic: the hop cost a
-        produce and a fetch per failure, and 7-23 ms of a lone failure's decision on an idle
-        worker (docs/pipeline-bench.md, finding 20)."""
+        (started if there is none). In process, not through a topic: that hop cost a produce
+        and a fetch per failure, and 7-23 ms of a lone failure's decision on an idle worker
+        (docs/pipeline-bench.md, finding 20)."""
         self._requested[key] = time.monotonic()
         self._to_decide[partition][key] = None
         if partition not in self._deciders:
@@ -738,17 +773,22 @@ class Pipeline:
                 continue
             pending = orjson.loads(raw)
             job = JobEvent.from_dict(pending["event"])
-            window = self.cache.get(partition, key)
-            log_window = (window.to_log_window(job.job_id, job.attempt) if window is not None
-                          else LogWindow(job.job_id, job.attempt, []))
-            todo[key] = (job, pending["event_time"], log_window)
+            todo[key] = (job, pending["event_time"],
+                         _log_window(job, self.cache.get(partition, key)))
+        await self._decide_todo(partition, todo, was_pending=True)
+
+    async def _decide_todo(self, partition: int, todo: dict[str, _ToDecide],
+                           was_pending: bool) -> None:
+        """Decide ``todo``'s attempts of ``partition`` (``was_pending``: from the pending
+        table, which forgets each once it is decided); those not decided are left as they
+        were."""
         now = time.time()
         self.in_partition(partition)
         self._release_decided(partition, now)
         if now - self._decisions_swept.get(partition, 0.0) > SWEEP_EVERY_S:
             self._decisions_swept[partition] = now
             self._expire_decisions(partition, now)
-        todo = await self._not_on_topic(partition, todo)
+        todo = await self._not_on_topic(partition, todo, was_pending)
         if not todo:
             return
         taken_at = time.time()
@@ -782,7 +822,7 @@ class Pipeline:
                 log.warning("decision for %s not delivered (%r); it will be made again",
                             key, outcome)
                 continue
-            self._mark_decided(partition, key, job, value)
+            self._mark_decided(partition, key, job, value, was_pending)
             self.metrics.decisions.labels(verdict=decision.verdict, action=decision.action).inc()
             if decision.explored:
                 self.metrics.explored.inc()
@@ -796,13 +836,15 @@ class Pipeline:
         for hook in self.decided_hooks if done else ():
             await hook(done)
 
-    def _mark_decided(self, partition: int, key: str, job: JobEvent, value: bytes) -> None:
+    def _mark_decided(self, partition: int, key: str, job: JobEvent, value: bytes,
+                      was_pending: bool) -> None:
         """Record that the decisions topic holds the attempt's decision ``value``: replays
         skip it, its window is freed RELEASE_AFTER_S later."""
         self.in_partition(partition)
         self.t.decided[key] = value
         self.t.latest[job.job_id] = str(job.attempt).encode()
-        del self.t.pending[key]
+        if was_pending:
+            del self.t.pending[key]
         # Its window is not saved again: the mark reaches the changelog before any commit
         # that would save it, so a restart after that commit skips the attempt, and one
         # before it replays the records that built the window. A window decided within a
@@ -812,8 +854,8 @@ class Pipeline:
         self._to_release[partition].append((time.time() + RELEASE_AFTER_S, key))
         self._requested.pop(key, None)
 
-    async def _not_on_topic(self, partition: int, todo: dict[str, _ToDecide]
-                            ) -> dict[str, _ToDecide]:
+    async def _not_on_topic(self, partition: int, todo: dict[str, _ToDecide],
+                            was_pending: bool) -> dict[str, _ToDecide]:
         """``todo`` less the attempts whose decision the decisions topic already holds
         (ledger.py): asked while the partition is new to this worker and for empty windows.
         Those are marked decided; when the topic cannot be read, the asked ones wait."""
@@ -829,7 +871,7 @@ class Pipeline:
             job, _, _ = todo.pop(key)
             log.warning("%s: its decision is already on the decisions topic, though not in "
                         "this worker's decided table; adopted, not made again", key)
-            self._mark_decided(partition, key, job, value)
+            self._mark_decided(partition, key, job, value, was_pending)
             self.metrics.adopted_decisions.inc()
         return todo
 
@@ -861,6 +903,13 @@ class Pipeline:
         if failures == len(to_classify):
             return None
         return alone
+
+
+def _log_window(job: JobEvent, window: TailWindow | None) -> LogWindow:
+    """What the model reads of an attempt: its window, or no line when none came."""
+    if window is None:
+        return LogWindow(job.job_id, job.attempt, [])
+    return window.to_log_window(job.job_id, job.attempt)
 
 
 def _close_model(loaded: Future[Classifier]) -> None:

@@ -64,7 +64,7 @@ async def test_a_window_decided_before_the_commit_is_not_written(tmp_path: Path)
     pipeline.t = dataclasses.replace(pipeline.t, decided={}, latest={},
                                      pending={failed: b"{}"})
     pipeline._mark_decided(0, failed, JobEvent("job-failed", 0, "finished", "FAILED"),
-                           b"{}")
+                           b"{}", was_pending=True)
     saved: list[str] = []
     pipeline.store.save = lambda key, window: saved.append(key)  # type: ignore[method-assign]
 

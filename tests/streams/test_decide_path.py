@@ -1,5 +1,6 @@
-"""Decisions asked in process: one task per partition decides what the terminations agent,
-ingest and the timer queue, and the pending table keeps every request until it is decided."""
+"""Deciding in process: a failure whose log has ended is decided with its termination; any
+other waits in the pending table, and one task per partition decides what ingest and the
+timer then find ready. Nothing leaves the pending table before it is decided."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from faust.types import TP
 from sibylla.schemas.records import JobEvent
 from sibylla.settings import Settings
 from sibylla.streams.agents import CATCH_UP_LIMIT_S, Pipeline
+from sibylla.streams.bulk import Record, RecordEvent
 from sibylla.streams.worker import build_worker
 
 JOBS = ("job-a", "job-b", "job-c")
@@ -160,3 +162,62 @@ async def test_a_log_never_taken_is_decided_after_the_catch_up_limit(
     await pipeline._request_due_decisions()
     await _idle(pipeline)
     assert model.asked == [["job-a"]]
+
+
+def _termination(pipeline: Pipeline, job_id: str, offset: int) -> RecordEvent:
+    value = orjson.dumps(JobEvent(job_id, 0, "finished", "FAILED", 1, None, ("node-1",), 8,
+                                  time.time()).to_dict())
+    return RecordEvent(Record(pipeline.t.job_events.get_topic_name(), 0, offset,
+                              job_id.encode(), value, time.time()))
+
+
+async def _terminations(pipeline: Pipeline, events: list[RecordEvent],
+                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The terminations agent's batch, with no consumer behind it (no records skipped)."""
+
+    async def as_read(events: list[RecordEvent]) -> list[RecordEvent]:
+        return events
+
+    async def finished(events: list[RecordEvent]) -> None:
+        return None
+
+    async def log_end(topic: str, partition: int) -> int:
+        return 0
+
+    monkeypatch.setattr(pipeline, "_with_missing", as_read)
+    monkeypatch.setattr(pipeline, "_finished", finished)
+    monkeypatch.setattr(pipeline.offsets, "end_offset", log_end)
+    await pipeline._terminations_batch(events)
+
+
+async def test_failures_whose_log_ended_are_decided_with_their_terminations(
+        worker: tuple[Pipeline, _Model], monkeypatch: pytest.MonkeyPatch) -> None:
+    """One batch for the model per batch of terminations; a failure whose log has not
+    ended waits in the pending table for the rest of its log."""
+    pipeline, model = worker
+    pipeline.t.pending = {}
+    for job_id in ("job-a", "job-b"):
+        window = pipeline.cache.get_or_create(0, f"0:{job_id}")
+        window.extend(["step 1 loss 0.5", "RuntimeError: shape mismatch"], time.time())
+        window.eos = True
+    pipeline.cache.get_or_create(0, "0:job-c").extend(["step 1 loss 0.5"], time.time())
+    await _terminations(pipeline, [_termination(pipeline, job, i)
+                                   for i, job in enumerate(JOBS)], monkeypatch)
+    assert model.asked == [["job-a", "job-b"]]
+    assert orjson.loads(pipeline.t.pending["0:job-c"])["deadline"] > time.time(), (
+        "job-c waits out its grace period for the rest of its log")
+
+
+async def test_a_failure_the_model_could_not_decide_at_termination_is_left_pending(
+        worker: tuple[Pipeline, _Model], monkeypatch: pytest.MonkeyPatch) -> None:
+    """Its termination is acknowledged with the batch: without the pending entry, nothing
+    would ever decide it. The timer asks again."""
+    pipeline, model = worker
+    pipeline.t.pending = {}
+    pipeline.cache.get_or_create(0, "0:job-a").eos = True
+    model.fail_next = True
+    await _terminations(pipeline, [_termination(pipeline, "job-a", 0)], monkeypatch)
+    assert model.asked == [["job-a"]]
+    pending = orjson.loads(pipeline.t.pending["0:job-a"])
+    assert pending["event"]["job_id"] == "job-a" and pending["deadline"] <= time.time()
+    assert "0:job-a" in pipeline._requested
