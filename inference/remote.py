@@ -5,7 +5,7 @@ In the worker, the model ran in a thread beside the event loop. Each torch opera
 the GIL and must take it back; with the event loop busy, taking it back waits up to the
 interpreter's switch interval (5 ms). A forward pass makes dozens of such operations, so at 100
 failures/s a micro-batch of ~25 windows took ~250 ms of wall time for ~35 ms of CPU
-(``docs/pipeline-bench.md``, finding 17), and the decide agents waited on it. In a child
+(``docs/pipeline-bench.md``, finding 17), and the decide path waited on it. In a child
 process the pass runs on its own interpreter: the worker's inference thread only pickles the
 windows, blocks on the pipe (GIL released) and unpickles the predictions. The worker process
 itself no longer imports torch.

@@ -2,8 +2,8 @@
 
 Registered on a worker's pipeline by :func:`register` (``streams/worker.py`` calls it):
 
-    decide agent ──(decided hook)──► votes table: window text, signature, committee votes;
-                                     a failed retry votes on the previous attempt
+    decide path ──(decided hook)──► votes table: window text, signature, committee votes;
+                                    a failed retry votes on the previous attempt
     job-events ──► outcomes agent ──► votes table: a COMPLETED retry votes on the previous one
     POST /labels/... (bearer token) ─► label-votes ─► operator_votes agent ─► votes table
                          └──────── majority reached ──► sibylla.labels
@@ -11,7 +11,7 @@ Registered on a worker's pipeline by :func:`register` (``streams/worker.py`` cal
                                                    checksum; load, swap
 
 The votes table is keyed by attempt and co-partitioned with the job topics, so the decided
-hook (in the decide agent's event), the outcomes agent and the operator agent all write the
+hook (in the job's partition's context), the outcomes agent and the operator agent all write the
 job's partition and its changelog: the votes survive restarts and rebalances. The models topic
 is read by every worker without a consumer group: each worker must see every announcement.
 """

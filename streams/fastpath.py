@@ -107,9 +107,9 @@ class _ConsumerThread(aiokafka_driver.AIOKafkaConsumerThread):
         # yet. A worker's consumer is also assigned its tables' changelog partitions, whose
         # records faust leaves unconsumed: the first write to each of them stalled every
         # fetch for 100 ms, and a lone decision after start waited for it (~110 ms instead of
-        # ~10 ms for the decide request's trip, seen for the first few decisions). Without
-        # the backoff a partition with records waiting is still not fetched again, as in
-        # Kafka's own clients, and the others are.
+        # ~10 ms for a decide request's trip through its topic then, seen for the first few
+        # decisions). Without the backoff a partition with records waiting is still not
+        # fetched again, as in Kafka's own clients, and the others are.
         self._ensure_consumer()._fetcher._prefetch_backoff = 0.0
 
     async def on_thread_stop(self) -> None:

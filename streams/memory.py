@@ -40,8 +40,8 @@ def rules_of(settings: Settings) -> Rules:
 class AttemptMemory:
     """Decides failed attempts with the job's history and remembers each one.
 
-    Must be called inside the decide agent's event context: the table write lands on the
-    partition of the current event, which is the job's.
+    Must be called in the job's partition's context (``Pipeline.in_partition``): the table
+    write lands on the partition of the current event.
     """
 
     def __init__(self, table: Any, settings: Settings, metrics: WorkerMetrics) -> None:

@@ -8,7 +8,7 @@ online learning keeps the window's redacted text and error signature for its vot
 ~1.2 ms per window of 200 lines. Done on the event loop, they were a quarter of its busy time
 at 100 failures/s (py-spy; ``docs/pipeline-bench.md``, finding 18), and every queue of the
 worker waited on them. Done in the model's process after the forward pass, they doubled each
-micro-batch's time, and the decide agents waited on that instead.
+micro-batch's time, and the decide path waited on that instead.
 
 So :class:`WindowReader` runs :func:`read_window` in a process of its own, on a micro-batch's
 windows while the model runs on the same batch: with a core to spare the two take the time of
