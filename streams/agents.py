@@ -167,6 +167,9 @@ class Pipeline:
         # deciding them
         self._to_decide: dict[int, dict[str, None]] = defaultdict(dict)
         self._deciders: dict[int, asyncio.Task[None]] = {}
+        # Attempts being decided with their termination: they have no pending entry, and the
+        # stall check (_catch_up_stalled) may read their terminations again meanwhile.
+        self._deciding: set[str] = set()
         self._ingested: dict[int, int] = {}  # partition -> offset of the last log record taken
         # Called with each decide batch's new decisions (and their windows and readings)
         # in the partition's context (in_partition: table writes there land on the jobs'
@@ -588,7 +591,8 @@ class Pipeline:
         if job.event != "finished":
             return None
         key = attempt_key(job.job_id, job.attempt)
-        if live_get(self.t.decided, key) or live_get(self.t.pending, key):
+        if key in self._deciding or live_get(self.t.decided, key) or live_get(self.t.pending,
+                                                                                key):
             return None  # a replay: the attempt is already being (or was) decided
         partition = event.message.partition
         self.in_partition(partition)
@@ -631,11 +635,14 @@ class Pipeline:
         entry (its write and deletion were two of a failure's changelog records). One not
         decided (the model failed, the broker refused its decision) is left pending, and
         the timer asks again (REQUEST_RETRY_S)."""
+        self._deciding.update(ready)
         try:
             await self._decide_todo(partition, ready, was_pending=False)
         except Exception:  # noqa: BLE001 - the attempts are left pending below
             log.exception("deciding %d attempts of partition %d at their termination "
                           "failed; they are left pending", len(ready), partition)
+        finally:
+            self._deciding.difference_update(ready)
         self.in_partition(partition)
         now, mono = time.time(), time.monotonic()
         for key, (job, event_time, _) in ready.items():
@@ -665,9 +672,14 @@ class Pipeline:
             return
         handlers = {self.t.logs.get_topic_name(): self._ingest_batch,
                     self.t.job_events.get_topic_name(): self._terminations_batch}
+        # A terminations batch waits for the decisions it makes (the model's first load, at
+        # start): its partition is busy, not stalled.
+        deciding = {(self.t.job_events.get_topic_name(),
+                     partition_of(split_key(key)[0], self.settings.partitions))
+                    for key in self._deciding}
         for tp in sorted(app.assignor.assigned_actives()):
             handle = handlers.get(tp.topic)
-            if handle is None:
+            if handle is None or (tp.topic, tp.partition) in deciding:
                 continue
             end = await self.offsets.end_offset(tp.topic, tp.partition)
             missing = [] if end is None else await self.gaps.stalled(tp.topic, tp.partition,

@@ -221,3 +221,48 @@ async def test_a_failure_the_model_could_not_decide_at_termination_is_left_pendi
     pending = orjson.loads(pipeline.t.pending["0:job-a"])
     assert pending["event"]["job_id"] == "job-a" and pending["deadline"] <= time.time()
     assert "0:job-a" in pipeline._requested
+
+
+async def test_a_termination_read_again_while_its_failure_is_decided_is_not_decided_twice(
+        worker: tuple[Pipeline, _Model], monkeypatch: pytest.MonkeyPatch) -> None:
+    """A failure decided with its termination has no pending entry while the model works; the
+    stall check may read its termination again meanwhile (the batch waits for the model's
+    first load at start). Taken as new, it was decided a second time."""
+    pipeline, model = worker
+    pipeline.t.pending = {}
+    pipeline.cache.get_or_create(0, "0:job-a").eos = True
+    model.hold.clear()
+    first = asyncio.ensure_future(
+        _terminations(pipeline, [_termination(pipeline, "job-a", 0)], monkeypatch))
+    while not model.asked:
+        await asyncio.sleep(0)
+    await _terminations(pipeline, [_termination(pipeline, "job-a", 0)], monkeypatch)
+    model.hold.set()
+    await first
+    assert model.asked == [["job-a"]]
+
+
+async def test_the_stall_check_leaves_alone_a_partition_deciding_its_terminations(
+        worker: tuple[Pipeline, _Model], monkeypatch: pytest.MonkeyPatch) -> None:
+    pipeline, _ = worker
+    topic = pipeline.t.job_events.get_topic_name()
+    monkeypatch.setattr(pipeline.t.app.assignor, "assigned_actives", lambda: {TP(topic, 0)})
+    monkeypatch.setattr(pipeline.t.app, "_producer",
+                        SimpleNamespace(buffer=SimpleNamespace(size=0, max_messages=100)))
+    asked: list[tuple[str, int]] = []
+
+    async def end_offset(topic: str, partition: int) -> int:
+        return 10
+
+    async def stalled(topic: str, partition: int, end: int) -> list[Any]:
+        asked.append((topic, partition))
+        return []
+
+    monkeypatch.setattr(pipeline.offsets, "end_offset", end_offset)
+    monkeypatch.setattr(pipeline.gaps, "stalled", stalled)
+    pipeline._deciding.add("0:job-a")
+    await pipeline._catch_up_stalled()
+    assert asked == []
+    pipeline._deciding.clear()
+    await pipeline._catch_up_stalled()
+    assert asked == [(topic, 0)]
