@@ -775,6 +775,8 @@ class Pipeline:
                 del self._deciders[partition]
 
     async def _decide(self, partition: int, keys: Sequence[str]) -> None:
+        """Decide the pending attempts ``keys`` of ``partition``, as the pending table holds
+        them; one decided meanwhile, or no longer pending, is skipped."""
         todo: dict[str, _ToDecide] = {}
         for key in keys:
             if live_get(self.t.decided, key) is not None:
@@ -806,7 +808,7 @@ class Pipeline:
         taken_at = time.time()
         read = await self._classify([w for (_, _, w) in todo.values()])
         if read is None:
-            return  # the attempts stay pending: the timer asks again (REQUEST_RETRY_S)
+            return  # nothing decided: the timer asks again (REQUEST_RETRY_S)
         classified_at = time.time()
         version = self.classifier.version
         self.in_partition(partition)  # the memory's table writes go to the jobs' partition
