@@ -550,11 +550,8 @@ class Pipeline:
         horizon = now - self.settings.window_ttl_s
         self.memory.expire(partition, horizon)
         for key, value in live_items_of(self.t.decided, partition, self.settings.partitions):
-            job_id, attempt = split_key(key)
             if orjson.loads(value)["decided_at"] < horizon:
                 del self.t.decided[key]
-                if live_get(self.t.latest, job_id) == str(attempt).encode():
-                    del self.t.latest[job_id]
 
     # ---------------------------------------------------------------- terminations
     async def _terminations(self, stream: Any) -> None:
@@ -850,13 +847,29 @@ class Pipeline:
         for hook in self.decided_hooks if done else ():
             await hook(done)
 
+    def latest_decision(self, job_id: str) -> bytes | None:
+        """The decision of the job's latest decided attempt, as this worker holds it (``GET
+        /decisions/{job_id}``). A job's attempts count up from 0, and the next exists only
+        once the previous one failed, so its decided attempts end at the highest: found from
+        the job's history (written as each failure is decided, before the decision is out:
+        memory.py), looking past it (an attempt whose decision was adopted from the topic
+        has no history) and below it (one whose decision is not out yet)."""
+        history = self.memory.history(job_id)
+        attempt = history[-1].attempt if history else 0
+        while live_get(self.t.decided, attempt_key(job_id, attempt + 1)) is not None:
+            attempt += 1
+        for earlier in range(attempt, -1, -1):
+            value = live_get(self.t.decided, attempt_key(job_id, earlier))
+            if value is not None:
+                return value
+        return None
+
     def _mark_decided(self, partition: int, key: str, job: JobEvent, value: bytes,
                       was_pending: bool) -> None:
         """Record that the decisions topic holds the attempt's decision ``value``: replays
         skip it, its window is freed RELEASE_AFTER_S later."""
         self.in_partition(partition)
         self.t.decided[key] = value
-        self.t.latest[job.job_id] = str(job.attempt).encode()
         if was_pending:
             del self.t.pending[key]
         # Its window is not saved again: the mark reaches the changelog before any commit

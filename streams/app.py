@@ -37,7 +37,6 @@ class Topology:
     window_chunks: Any  # attempt key#n -> lines of chunk n
     pending: Any  # attempt key -> pending termination (JSON)
     decided: Any  # attempt key -> Decision JSON
-    latest: Any  # job_id -> latest decided attempt (ASCII int)
     offsets: Any  # "<topic>/<partition>" -> last offset an agent finished (see gaps.py)
     history: Any  # job_id -> the job's failed attempts, for the policy with memory (JSON)
 
@@ -118,6 +117,6 @@ def build_app(settings: Settings) -> Topology:
         decisions=decisions, deadletter=deadletter,
         labels=labels, windows=table("windows"), window_chunks=table("window-chunks"),
         pending=table("pending"),
-        decided=table("decided"), latest=table("latest"), offsets=table("offsets"),
+        decided=table("decided"), offsets=table("offsets"),
         history=table("history"),
     )

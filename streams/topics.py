@@ -30,7 +30,7 @@ COPARTITIONED = ("logs", "job-events", "decisions", "labels", "label-votes")
 # The worker's tables (faust names their changelogs "<group>-<table>-changelog"). Created here for
 # the same reason; faust also reported a just-created changelog with no partitions yet and
 # stopped the agent that wrote to it ("PartitionsMismatch").
-TABLES = ("windows", "window-chunks", "pending", "decided", "latest", "history", "votes",
+TABLES = ("windows", "window-chunks", "pending", "decided", "history", "votes",
           "offsets")
 SETTLE_S = 30.0  # longest wait for the broker's metadata to show every partition
 

@@ -33,9 +33,7 @@ from sibylla.simulator.reliability import mttf_hours
 from sibylla.streams.agents import Pipeline
 from sibylla.streams.app import build_app
 from sibylla.streams.fastpath import SibyllaApp
-from sibylla.streams.keys import attempt_key
 from sibylla.streams.readiness import Readiness
-from sibylla.streams.state import live_get
 from sibylla.streams.status_page import render_status_page
 from sibylla.streams.topics import broker_answers, ensure_topics
 
@@ -76,10 +74,9 @@ def _register_pages(pipeline: Pipeline) -> None:
         return web.bytes(body, content_type=CONTENT_TYPE_LATEST.split(";")[0])
 
     @app.page("/decisions/{job_id}")
-    @app.table_route(table=t.latest, match_info="job_id")
+    @app.table_route(table=t.history, match_info="job_id")  # keyed and partitioned by job_id
     async def decision(web: View, request: Request, job_id: str) -> Response:
-        attempt = live_get(t.latest, job_id)
-        value = live_get(t.decided, attempt_key(job_id, int(attempt))) if attempt else None
+        value = pipeline.latest_decision(job_id)
         if value is None:
             return web.json({"error": f"no decision for job {job_id!r}"}, status=404)
         return web.bytes(value, content_type="application/json")

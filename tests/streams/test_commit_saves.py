@@ -61,7 +61,7 @@ async def test_a_window_decided_before_the_commit_is_not_written(tmp_path: Path)
                                                     0.0)
     pipeline.cache.changed(0, {key: pipeline.cache.get(0, key) for key in (running, failed)})
     # The decision's own table writes, without a broker: plain dicts stand for the tables.
-    pipeline.t = dataclasses.replace(pipeline.t, decided={}, latest={},
+    pipeline.t = dataclasses.replace(pipeline.t, decided={},
                                      pending={failed: b"{}"})
     pipeline._mark_decided(0, failed, JobEvent("job-failed", 0, "finished", "FAILED"),
                            b"{}", was_pending=True)

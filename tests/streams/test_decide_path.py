@@ -266,3 +266,22 @@ async def test_the_stall_check_leaves_alone_a_partition_deciding_its_termination
     pipeline._deciding.clear()
     await pipeline._catch_up_stalled()
     assert asked == [(topic, 0)]
+
+
+@pytest.mark.parametrize(("history", "decided", "expected"), [
+    ([0, 1], [0, 1], 1),  # the usual: the history's last attempt is decided
+    ([0, 1, 2], [0, 1], 1),  # attempt 2's decision is not out yet
+    ([0], [0, 1, 2], 2),  # attempts 1 and 2 were adopted from the decisions topic
+    ([], [0], 0),
+    ([], [], None),
+])
+def test_the_latest_decision_of_a_job(worker: tuple[Pipeline, _Model], history: list[int],
+                                      decided: list[int], expected: int | None) -> None:
+    """What ``GET /decisions/{job_id}`` answers: the decision of the job's highest decided
+    attempt."""
+    pipeline, _ = worker
+    facts = [SimpleNamespace(attempt=n) for n in history]  # what the history keeps, in order
+    pipeline.memory.history = lambda job_id: facts  # type: ignore[method-assign,assignment]
+    pipeline.t.decided = {f"{n}:job-a": f"decision {n}".encode() for n in decided}
+    found = pipeline.latest_decision("job-a")
+    assert found == (None if expected is None else f"decision {expected}".encode())
