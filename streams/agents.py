@@ -167,9 +167,6 @@ class Pipeline:
         # deciding them
         self._to_decide: dict[int, dict[str, None]] = defaultdict(dict)
         self._deciders: dict[int, asyncio.Task[None]] = {}
-        # Attempts being decided with their termination: they have no pending entry, and the
-        # stall check (_catch_up_stalled) may read their terminations again meanwhile.
-        self._deciding: set[str] = set()
         self._ingested: dict[int, int] = {}  # partition -> offset of the last log record taken
         # Called with each decide batch's new decisions (and their windows and readings)
         # in the partition's context (in_partition: table writes there land on the jobs'
@@ -323,6 +320,16 @@ class Pipeline:
         self._background.add(task)
         task.add_done_callback(self._background.discard)
 
+    def _working(self, handle: Callable[[Sequence[Any]], Awaitable[None]]
+                 ) -> Callable[[Sequence[Any]], Awaitable[None]]:
+        """``handle`` (an agent's batch), known to the stall check while it runs
+        (gaps.GapFiller.working)."""
+        async def run(events: Sequence[Any]) -> None:
+            first = events[0].message
+            with self.gaps.working(first.topic, first.partition):
+                await handle(events)
+        return run
+
     async def _with_missing(self, events: Sequence[Any]) -> Sequence[Any]:
         """The batch, preceded by the records the consumer skipped before it (gaps.py)."""
         self.in_partition(events[0].message.partition)
@@ -426,8 +433,8 @@ class Pipeline:
 
     # ---------------------------------------------------------------- ingest
     async def _ingest(self, stream: Any) -> None:
-        await bulk.consume(stream, self._ingest_batch, INGEST_BATCH, INGEST_WITHIN_S,
-                           at_once=_may_end_log)
+        await bulk.consume(stream, self._working(self._ingest_batch), INGEST_BATCH,
+                           INGEST_WITHIN_S, at_once=_may_end_log)
 
     def _parse_logs(self, events: Sequence[Any]) -> list[LogChunk | Exception]:
         return parse_log_records([event.message.value for event in events],
@@ -555,7 +562,8 @@ class Pipeline:
 
     # ---------------------------------------------------------------- terminations
     async def _terminations(self, stream: Any) -> None:
-        await bulk.consume(stream, self._terminations_batch, EVENTS_BATCH, within_s=0.0)
+        await bulk.consume(stream, self._working(self._terminations_batch), EVENTS_BATCH,
+                           within_s=0.0)
 
     async def _terminations_batch(self, events: Sequence[Any]) -> None:
         events = await self._with_missing(events)
@@ -588,8 +596,7 @@ class Pipeline:
         if job.event != "finished":
             return None
         key = attempt_key(job.job_id, job.attempt)
-        if key in self._deciding or live_get(self.t.decided, key) or live_get(self.t.pending,
-                                                                                key):
+        if live_get(self.t.decided, key) or live_get(self.t.pending, key):
             return None  # a replay: the attempt is already being (or was) decided
         partition = event.message.partition
         self.in_partition(partition)
@@ -632,14 +639,11 @@ class Pipeline:
         entry (its write and deletion were two of a failure's changelog records). One not
         decided (the model failed, the broker refused its decision) is left pending, and
         the timer asks again (REQUEST_RETRY_S)."""
-        self._deciding.update(ready)
         try:
             await self._decide_todo(partition, ready, was_pending=False)
         except Exception:  # noqa: BLE001 - the attempts are left pending below
             log.exception("deciding %d attempts of partition %d at their termination "
                           "failed; they are left pending", len(ready), partition)
-        finally:
-            self._deciding.difference_update(ready)
         self.in_partition(partition)
         now, mono = time.time(), time.monotonic()
         for key, (job, event_time, _) in ready.items():
@@ -669,14 +673,9 @@ class Pipeline:
             return
         handlers = {self.t.logs.get_topic_name(): self._ingest_batch,
                     self.t.job_events.get_topic_name(): self._terminations_batch}
-        # A terminations batch waits for the decisions it makes (the model's first load, at
-        # start): its partition is busy, not stalled.
-        deciding = {(self.t.job_events.get_topic_name(),
-                     partition_of(split_key(key)[0], self.settings.partitions))
-                    for key in self._deciding}
         for tp in sorted(app.assignor.assigned_actives()):
             handle = handlers.get(tp.topic)
-            if handle is None or (tp.topic, tp.partition) in deciding:
+            if handle is None:
                 continue
             end = await self.offsets.end_offset(tp.topic, tp.partition)
             missing = [] if end is None else await self.gaps.stalled(tp.topic, tp.partition,

@@ -19,9 +19,10 @@ costs one fetch that returns nothing.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 from sibylla.streams.bulk import Record, RecordEvent
@@ -48,6 +49,8 @@ class GapFiller:
         self.table = table
         # (topic, partition) -> (last finished offset, since when) for stalled()
         self._progress: dict[tuple[str, int], tuple[int, float]] = {}
+        # (topic, partition) -> batches of it an agent is working on (working())
+        self._working: dict[tuple[str, int], int] = {}
 
     @staticmethod
     def _key(topic: str, partition: int) -> str:
@@ -66,6 +69,23 @@ class GapFiller:
         if done is None or last.offset > done:
             self.table[self._key(last.topic, last.partition)] = str(last.offset).encode()
 
+    @contextlib.contextmanager
+    def working(self, topic: str, partition: int) -> Iterator[None]:
+        """An agent works on a batch of the partition: it is not stalled meanwhile, however
+        long the batch takes (a terminations batch waits for the decisions it makes, the
+        model's first load at start), and its stall clock restarts when the batch ends.
+        Counted as stalled, its records were read again and handled a second time beside
+        the batch still working on them."""
+        key = (topic, partition)
+        self._working[key] = self._working.get(key, 0) + 1
+        try:
+            yield
+        finally:
+            self._working[key] -= 1
+            if not self._working[key]:
+                del self._working[key]
+            self._progress.pop(key, None)
+
     def restart_clocks(self) -> None:
         """Forget how long each partition has gone without progress. For a worker that could
         not progress (its event loop was held, or its agents waited for the producer's buffer
@@ -78,8 +98,11 @@ class GapFiller:
         """The records between the last finished one and the partition's ``end`` when the
         agent has made no progress for :data:`STALL_S` while some are left: records faust
         fetched past and never delivered, at the end of a partition, where no later record
-        would reveal the hole. Empty otherwise."""
+        would reveal the hole. Empty otherwise, and while an agent works on a batch of the
+        partition (:meth:`working`)."""
         key = (topic, partition)
+        if key in self._working:
+            return []
         done = self.done(topic, partition)
         if done is None or end <= done + 1:
             self._progress.pop(key, None)

@@ -225,47 +225,42 @@ async def test_a_failure_the_model_could_not_decide_at_termination_is_left_pendi
 
 async def test_a_termination_read_again_while_its_failure_is_decided_is_not_decided_twice(
         worker: tuple[Pipeline, _Model], monkeypatch: pytest.MonkeyPatch) -> None:
-    """A failure decided with its termination has no pending entry while the model works; the
-    stall check may read its termination again meanwhile (the batch waits for the model's
-    first load at start). Taken as new, it was decided a second time."""
+    """A failure decided with its termination has no pending entry while the model works, and
+    the batch waits for it (the model's first load, at start). The stall check took the
+    partition for stalled then and read the termination again: taken as new, it was decided
+    a second time."""
     pipeline, model = worker
     pipeline.t.pending = {}
     pipeline.cache.get_or_create(0, "0:job-a").eos = True
+    termination = _termination(pipeline, "job-a", 0)
+    topic = termination.message.topic
     model.hold.clear()
-    first = asyncio.ensure_future(
-        _terminations(pipeline, [_termination(pipeline, "job-a", 0)], monkeypatch))
+    agent_batch = pipeline._working(lambda events: _terminations(pipeline, events,
+                                                                 monkeypatch))
+    first = asyncio.ensure_future(agent_batch([termination]))
     while not model.asked:
         await asyncio.sleep(0)
-    await _terminations(pipeline, [_termination(pipeline, "job-a", 0)], monkeypatch)
-    model.hold.set()
-    await first
-    assert model.asked == [["job-a"]]
-
-
-async def test_the_stall_check_leaves_alone_a_partition_deciding_its_terminations(
-        worker: tuple[Pipeline, _Model], monkeypatch: pytest.MonkeyPatch) -> None:
-    pipeline, _ = worker
-    topic = pipeline.t.job_events.get_topic_name()
+    # The stall check, with the partition's last finished offset behind its end for longer
+    # than STALL_S: read again, the termination would be handled beside the batch.
     monkeypatch.setattr(pipeline.t.app.assignor, "assigned_actives", lambda: {TP(topic, 0)})
     monkeypatch.setattr(pipeline.t.app, "_producer",
                         SimpleNamespace(buffer=SimpleNamespace(size=0, max_messages=100)))
-    asked: list[tuple[str, int]] = []
+    pipeline.gaps.table = {f"{topic}/0": b"-1"}
+    pipeline.gaps._progress[(topic, 0)] = (-1, time.monotonic() - 60)
 
-    async def end_offset(topic: str, partition: int) -> int:
-        return 10
+    async def read_again(topic: str, partition: int, start: int, end: int) -> list[Any]:
+        return [termination]
 
-    async def stalled(topic: str, partition: int, end: int) -> list[Any]:
-        asked.append((topic, partition))
-        return []
+    async def partition_end(topic: str, partition: int) -> int:
+        return 1
 
-    monkeypatch.setattr(pipeline.offsets, "end_offset", end_offset)
-    monkeypatch.setattr(pipeline.gaps, "stalled", stalled)
-    pipeline._deciding.add("0:job-a")
-    await pipeline._catch_up_stalled()
-    assert asked == []
-    pipeline._deciding.clear()
-    await pipeline._catch_up_stalled()
-    assert asked == [(topic, 0)]
+    monkeypatch.setattr(pipeline.gaps, "_fetch", read_again)
+    monkeypatch.setattr(pipeline.offsets, "end_offset", partition_end)
+    stall_check = asyncio.ensure_future(pipeline._catch_up_stalled())
+    await asyncio.wait([stall_check], timeout=2.0)
+    model.hold.set()
+    await asyncio.gather(first, stall_check)
+    assert model.asked == [["job-a"]]
 
 
 @pytest.mark.parametrize(("history", "decided", "expected"), [

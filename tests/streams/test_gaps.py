@@ -115,6 +115,24 @@ async def test_time_the_worker_could_not_progress_is_no_stall(
     assert [e.message.offset for e in await filler.stalled("logs", 0, 6)] == [3, 4, 5]
 
 
+async def test_the_stall_check_leaves_alone_a_partition_whose_agent_works_on_a_batch(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A batch may take long (a terminations batch waits for the decisions it makes): that
+    is no stall, and its records must not be read again and handled a second time beside
+    it. Once the batch ends, the partition needs STALL_S more without progress."""
+    monkeypatch.setattr(gaps, "STALL_S", 0.2)
+    reader = _Reader()
+    filler = GapFiller(reader, {})  # type: ignore[arg-type]
+    filler.mark([_event("job-events", 0, 2)])
+    assert await filler.stalled("job-events", 0, 6) == []  # starts the clock
+    with filler.working("job-events", 0):
+        await asyncio.sleep(0.3)
+        assert await filler.stalled("job-events", 0, 6) == [] and reader.reads == 0
+    assert await filler.stalled("job-events", 0, 6) == [] and reader.reads == 0
+    await asyncio.sleep(0.3)
+    assert [e.message.offset for e in await filler.stalled("job-events", 0, 6)] == [3, 4, 5]
+
+
 async def test_a_full_producer_buffer_or_a_late_check_restarts_the_stall_clocks(
         tmp_path: Path) -> None:
     settings = make_settings("127.0.0.1:9", "gaps-", tmp_path, store="memory")
