@@ -48,7 +48,7 @@ from collections import defaultdict, deque
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from concurrent.futures import Future
 from contextvars import Token
-from typing import Any, TypeVar
+from typing import Any, NamedTuple, TypeVar
 
 import orjson
 from faust.streams import _current_event  # read by faust.current_event(); no public setter
@@ -109,13 +109,23 @@ CATCH_UP_LIMIT_S = 30.0  # longest wait past the grace period for ingest to catc
 RELEASE_AFTER_S = 5.0
 SAVE_YIELD_EVERY = 200  # windows saved in a commit between two turns of the event loop
 STALL_CHECK_EVERY_S = 2.0
-# For this long after a worker gets a partition, its decisions are checked against the
-# decisions topic (ledger.py): replays after a restart or a hand-over come within the grace
-# period, the catch-up wait and a re-request of that.
+# A termination an earlier owner of its partition may have taken (and decided) is checked
+# against the decisions topic (ledger.py): one below the partition's end when this worker got
+# it. When that end or the termination's offset is unknown, every decision is checked for
+# this long after the worker gets the partition: replays after a restart or a hand-over come
+# within the grace period, the catch-up wait and a re-request of that.
 LEDGER_CHECK_S = 120.0
 
-# A decision to make: the termination, when it happened, the window.
-_ToDecide = tuple[JobEvent, float, LogWindow]
+
+
+class _ToDecide(NamedTuple):
+    """A decision to make."""
+
+    job: JobEvent  # the termination
+    event_time: float  # when it happened (the broker's timestamp, seconds)
+    window: LogWindow  # what the model reads
+    offset: int | None  # the termination's offset in its partition; None: unknown
+
 # What the model's batch gives a window: its prediction and the reading of its text.
 _Read = tuple[Prediction, WindowReading]
 # A decision made, as the decided hooks get it: its window and the reading of its text.
@@ -185,6 +195,9 @@ class Pipeline:
         self.gaps = GapFiller(PartitionReader(s), topology.offsets)
         self._stall_checked = time.monotonic()  # the last stall check (_catch_up_stalled)
         self._assigned_at: dict[int, float] = {}  # partition -> when this worker got it
+        # partition -> the job-events partition's end then: no earlier owner can have taken a
+        # termination at or above it (_may_be_decided_elsewhere)
+        self._replays_end: dict[int, int] = {}
         # (topic, partition) -> deliveries of the running batch's dead letters and re-keyed
         # records, awaited before the batch is marked finished (_finished)
         self._sent: dict[tuple[str, int], list[Awaitable[Any]]] = defaultdict(list)
@@ -260,8 +273,8 @@ class Pipeline:
             self.cache.forget(tp.partition)
             self.ledger.forget(tp.partition)
             for per_partition in (self._ingested, self._windows_swept, self._decisions_swept,
-                                  self._assigned_at, self._to_release, self._partition_events,
-                                  self._to_decide):
+                                  self._assigned_at, self._replays_end, self._to_release,
+                                  self._partition_events, self._to_decide):
                 per_partition.pop(tp.partition, None)
             for key in [k for k in self._requested
                         if partition_of(split_key(k)[0], partitions) == tp.partition]:
@@ -313,6 +326,17 @@ class Pipeline:
                 # LEDGER_CHECK_S: read it now rather than on the first decision's path.
                 self._in_background(self.ledger.warm(tp.partition,
                                                      now - LEDGER_CHECK_S - CLOCK_SKEW_S))
+                self._in_background(self._note_replays_end(tp.partition, now))
+
+    async def _note_replays_end(self, partition: int, assigned_at: float) -> None:
+        """Keep where the partition's terminations stood when this worker got it (at
+        ``assigned_at``): an earlier owner stopped taking them before the hand-over, so one
+        at or above that end was never taken by anyone else, and its decision needs no check
+        against the decisions topic (a read per decide batch, queued behind the others of
+        the worker). No answer: every decision is checked while the partition is new."""
+        end = await self.offsets.end_offset(self.t.job_events.get_topic_name(), partition)
+        if end is not None and self._assigned_at.get(partition) == assigned_at:
+            self._replays_end[partition] = end  # still the same ownership
 
     def _in_background(self, work: Awaitable[None]) -> None:
         """Run ``work`` as a task kept until it ends (the loop holds tasks weakly only)."""
@@ -605,10 +629,11 @@ class Pipeline:
             return None
         # The broker's timestamp of the termination event starts the decision's clock.
         event_time = event.message.timestamp or time.time()
+        offset = event.message.offset
         grace = self.settings.grace_period_s
         window = self.cache.get(partition, key)
         if grace <= 0 or (window is not None and window.eos):
-            return job, event_time, _log_window(job, window)
+            return _ToDecide(job, event_time, _log_window(job, window), offset)
         # The end of the job's log partition now: lines printed before the job ended lie below
         # it, and the decision waits until ingest has taken them (a backlog after a restart
         # can outlast the grace period). Asked of the broker: the consumer's own high-water
@@ -621,16 +646,17 @@ class Pipeline:
         # the pending write, so ingest sees either this eos check or the pending entry.
         window = self.cache.get(partition, key)
         if window is not None and window.eos:
-            return job, event_time, _log_window(job, window)
-        self._write_pending(key, job, event_time, time.time() + grace, log_end)
+            return _ToDecide(job, event_time, _log_window(job, window), offset)
+        self._write_pending(key, job, event_time, time.time() + grace, log_end, offset)
         return None
 
     def _write_pending(self, key: str, job: JobEvent, event_time: float, deadline: float,
-                       log_end: int | None) -> None:
-        """Record a failed attempt to decide (read by :meth:`_decide` and the timer)."""
+                       log_end: int | None, offset: int | None) -> None:
+        """Record a failed attempt to decide (read by :meth:`_decide` and the timer), with
+        its termination's ``offset`` (whether an earlier owner may have decided it)."""
         self.t.pending[key] = orjson.dumps(
             {"event": job.to_dict(), "event_time": event_time, "deadline": deadline,
-             "log_end": log_end})
+             "log_end": log_end, "offset": offset})
 
     async def _decide_at_termination(self, partition: int, ready: dict[str, _ToDecide]
                                      ) -> None:
@@ -646,9 +672,9 @@ class Pipeline:
                           "failed; they are left pending", len(ready), partition)
         self.in_partition(partition)
         now, mono = time.time(), time.monotonic()
-        for key, (job, event_time, _) in ready.items():
+        for key, (job, event_time, _, offset) in ready.items():
             if live_get(self.t.decided, key) is None:
-                self._write_pending(key, job, event_time, now, None)
+                self._write_pending(key, job, event_time, now, None, offset)
                 self._requested[key] = mono
 
     def _release(self, partition: int, key: str) -> None:
@@ -783,8 +809,11 @@ class Pipeline:
                 continue
             pending = orjson.loads(raw)
             job = JobEvent.from_dict(pending["event"])
-            todo[key] = (job, pending["event_time"],
-                         _log_window(job, self.cache.get(partition, key)))
+            # An entry written before its termination's offset was kept (older workers) has
+            # none: it counts as one an earlier owner may have decided.
+            todo[key] = _ToDecide(job, pending["event_time"],
+                                  _log_window(job, self.cache.get(partition, key)),
+                                  pending.get("offset"))
         await self._decide_todo(partition, todo, was_pending=True)
 
     async def _decide_todo(self, partition: int, todo: dict[str, _ToDecide],
@@ -802,14 +831,14 @@ class Pipeline:
         if not todo:
             return
         taken_at = time.time()
-        read = await self._classify([w for (_, _, w) in todo.values()])
+        read = await self._classify([item.window for item in todo.values()])
         if read is None:
             return  # nothing decided: the timer asks again (REQUEST_RETRY_S)
         classified_at = time.time()
         version = self.classifier.version
         self.in_partition(partition)  # the memory's table writes go to the jobs' partition
         made = []
-        for (key, (job, event_time, window)), (prediction, reading) in zip(
+        for (key, (job, event_time, window, _)), (prediction, reading) in zip(
                 todo.items(), read, strict=True):
             decision = self.memory.decide(job, window, prediction, reading, version,
                                           time.time(), event_time)
@@ -837,7 +866,7 @@ class Pipeline:
             if decision.explored:
                 self.metrics.explored.inc()
             self.metrics.decision_latency.observe(decision.latency_ms / 1000.0)
-            event_time = todo[key][1]
+            event_time = todo[key].event_time
             self.metrics.waiting.observe(max(0.0, taken_at - event_time))
             self.metrics.classifying.observe(classified_at - taken_at)
             self.metrics.publishing.observe(published_at - classified_at)
@@ -883,23 +912,31 @@ class Pipeline:
     async def _not_on_topic(self, partition: int, todo: dict[str, _ToDecide],
                             was_pending: bool) -> dict[str, _ToDecide]:
         """``todo`` less the attempts whose decision the decisions topic already holds
-        (ledger.py): asked while the partition is new to this worker and for empty windows.
+        (ledger.py): asked for those an earlier owner may have decided and for empty windows.
         Those are marked decided; when the topic cannot be read, the asked ones wait."""
-        new_here = time.time() - self._assigned_at.get(partition, 0.0) < LEDGER_CHECK_S
-        asked = {key: event_time for key, (_, event_time, window) in todo.items()
-                 if new_here or window.empty}
+        asked = {key: item.event_time for key, item in todo.items()
+                 if item.window.empty or self._may_be_decided_elsewhere(partition, item)}
         if not asked:
             return todo
         found = await self.ledger.decided(partition, asked)
         if found is None:
             return {key: item for key, item in todo.items() if key not in asked}
         for key, value in found.items():
-            job, _, _ = todo.pop(key)
+            job = todo.pop(key).job
             log.warning("%s: its decision is already on the decisions topic, though not in "
                         "this worker's decided table; adopted, not made again", key)
             self._mark_decided(partition, key, job, value, was_pending)
             self.metrics.adopted_decisions.inc()
         return todo
+
+    def _may_be_decided_elsewhere(self, partition: int, item: _ToDecide) -> bool:
+        """Whether an earlier owner of the partition (another worker, or this one before a
+        restart) may have taken the attempt's termination, and so decided it: the decided
+        table restored from the changelog can lack that decision (ledger.py)."""
+        replays_end = self._replays_end.get(partition)
+        if replays_end is None or item.offset is None:
+            return time.time() - self._assigned_at.get(partition, 0.0) < LEDGER_CHECK_S
+        return item.offset < replays_end
 
     async def _classify(self, windows: list[LogWindow]
                         ) -> list[tuple[Prediction | None, WindowReading]] | None:

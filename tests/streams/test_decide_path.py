@@ -17,7 +17,7 @@ from faust.types import TP
 
 from sibylla.schemas.records import JobEvent
 from sibylla.settings import Settings
-from sibylla.streams.agents import CATCH_UP_LIMIT_S, Pipeline
+from sibylla.streams.agents import CATCH_UP_LIMIT_S, LEDGER_CHECK_S, Pipeline
 from sibylla.streams.bulk import Record, RecordEvent
 from sibylla.streams.worker import build_worker
 
@@ -261,6 +261,49 @@ async def test_a_termination_read_again_while_its_failure_is_decided_is_not_deci
     model.hold.set()
     await asyncio.gather(first, stall_check)
     assert model.asked == [["job-a"]]
+
+
+@pytest.mark.parametrize(("replays_end", "owned_s", "checked"), [
+    # job-a's termination (offset 3) lies below the end when the worker got the partition:
+    # an earlier owner may have decided it. job-b's and job-c's (7, 8) came after.
+    (5, 1.0, ["job-a"]),
+    (5, LEDGER_CHECK_S + 1, ["job-a"]),  # a replay is one however late it comes
+    (None, 1.0, ["job-a", "job-b", "job-c"]),  # end unknown: all, while the partition is new
+    (None, LEDGER_CHECK_S + 1, []),
+])
+async def test_only_terminations_an_earlier_owner_may_have_taken_are_checked_on_the_topic(
+        worker: tuple[Pipeline, _Model], monkeypatch: pytest.MonkeyPatch,
+        replays_end: int | None, owned_s: float, checked: list[str]) -> None:
+    """The decisions topic is read back (a broker round trip per decide batch, queued behind
+    the other partitions' reads) only for a termination that may be a replay: the decided
+    table restored after a hand-over can lack an earlier owner's decision (ledger.py). A
+    failure left pending keeps its termination's offset for that question."""
+    pipeline, model = worker
+    pipeline.t.pending = {}
+    asked: list[str] = []
+
+    async def on_topic(partition: int, terminated_at: dict[str, float]) -> dict[str, bytes]:
+        asked.extend(sorted(terminated_at))
+        return {}
+
+    async def end_then(topic: str, partition: int) -> int | None:
+        return replays_end
+
+    monkeypatch.setattr(pipeline.ledger, "decided", on_topic)
+    monkeypatch.setattr(pipeline.offsets, "end_offset", end_then)
+    pipeline._assigned_at[0] = time.time() - owned_s
+    await pipeline._note_replays_end(0, pipeline._assigned_at[0])
+    for job_id in ("job-a", "job-b", "job-c"):
+        window = pipeline.cache.get_or_create(0, f"0:{job_id}")
+        window.extend(["step 1 loss 0.5", "RuntimeError: shape mismatch"], time.time())
+        window.eos = job_id != "job-c"  # job-c's log has not ended: it waits, pending
+    await _terminations(pipeline, [_termination(pipeline, "job-a", 3),
+                                   _termination(pipeline, "job-b", 7),
+                                   _termination(pipeline, "job-c", 8)], monkeypatch)
+    pipeline._decide_soon(0, "0:job-c")  # its log ended: ingest asks for the decision
+    await _idle(pipeline)
+    assert model.asked == [["job-a", "job-b"], ["job-c"]]
+    assert [key.removeprefix("0:") for key in asked] == checked
 
 
 @pytest.mark.parametrize(("history", "decided", "expected"), [
