@@ -52,9 +52,11 @@ from common import (
     Worker,
     bare_consume,
     batch_record,
+    box_cpu_ticks,
     line_record,
     produce_partitioned,
     topic_records,
+    tree_cpu_s,
 )
 
 from sibylla.brokers.launchers import apache_kafka, tansu
@@ -294,7 +296,8 @@ class Bench:
                     f"{prefix}-{i}", self.pool.take(f"{prefix}-{i}", p.failure_lines)
                     + failure_tail(i), eos=True) for i in range(total)}
         sent: dict[str, float] = {}
-        cpu_before, stages_before = worker.cpu_s(), stage_totals(worker)
+        cpu_before, stages_before = worker.cpu_s_by_process(), stage_totals(worker)
+        broker_before, box_before = tree_cpu_s(self.broker.pid), box_cpu_ticks()
         started = time.perf_counter()
         for i, (job_id, value) in enumerate(logs.items()):
             delay = started + i / rate - time.perf_counter()
@@ -308,7 +311,12 @@ class Bench:
             worker.check_alive()
             await asyncio.sleep(0.05)
         busy_s = time.perf_counter() - started
-        cpu_s = worker.cpu_s() - cpu_before
+        cpu_after = worker.cpu_s_by_process()
+        by_process = {role: cpu_after[role] - cpu_before[role] for role in cpu_after}
+        by_process["broker"] = tree_cpu_s(self.broker.pid) - broker_before
+        box_busy, box_total = (after - before for after, before in zip(box_cpu_ticks(),
+                                                                       box_before, strict=True))
+        cpu_s = by_process["worker"] + by_process["model and reader"]
         stages = stage_means_ms(stages_before, stage_totals(worker))
         observed = [(received[j][0] - t) * 1000 for j, t in sent.items() if j in received]
         reported = [received[j][1] for j in sent if j in received]
@@ -322,6 +330,12 @@ class Bench:
             # costs the worker in all (its lines' ingest, the decision, the model).
             "worker_cpu_ms_per_failure": round(cpu_s / max(len(observed), 1) * 1000, 2),
             "worker_cpu_share": round(cpu_s / max(busy_s, 1e-9), 2),
+            # The same split by process, with the broker's: on a box this size they share
+            # its cores with the load generator, and the box's busy share says how full it was.
+            "cpu_ms_per_failure_by_process": {
+                role: round(spent / max(len(observed), 1) * 1000, 2)
+                for role, spent in by_process.items()},
+            "box_busy_share": round(box_busy / max(box_total, 1), 2),
             "decision_stage_mean_ms": stages,
             "missing_job_ids": sorted(sent.keys() - received.keys())[:20],
         }
@@ -329,7 +343,9 @@ class Bench:
         print(f"  {total} failures at {out['achieved_rate_per_s']}/s: p50 {lat['p50']} ms, "
               f"p99 {lat['p99']} ms, missing {out['missing']}; worker CPU "
               f"{out['worker_cpu_ms_per_failure']} ms per failure, "
-              f"{out['worker_cpu_share']:.0%} of a core; mean ms by stage {stages}", flush=True)
+              f"{out['worker_cpu_share']:.0%} of a core; mean ms by stage {stages}; CPU ms per "
+              f"failure by process {out['cpu_ms_per_failure_by_process']}, box "
+              f"{out['box_busy_share']:.0%} busy", flush=True)
         return out
 
     # ------------------------------------------------------------------------- (c) memory

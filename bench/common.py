@@ -253,6 +253,47 @@ async def topic_records(settings: Settings, topic: str) -> int:
 _METRIC = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{[^}]*\})? ([-+0-9.eEinfNa]+)$")
 
 
+def process_tree(root: int) -> dict[int, list[str]]:
+    """The /proc stat fields (after the command name) of process ``root`` and its
+    descendants, by PID."""
+    stats: dict[int, list[str]] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                stat = (entry / "stat").read_text()
+            except OSError:  # ended meanwhile
+                continue
+            stats[int(entry.name)] = stat[stat.rindex(")") + 2:].split()
+    children: dict[int, list[int]] = {}
+    for pid, fields in stats.items():
+        children.setdefault(int(fields[1]), []).append(pid)
+    tree, todo = {}, [root]
+    while todo:
+        pid = todo.pop()
+        if pid in stats:
+            tree[pid] = stats[pid]
+            todo += children.get(pid, [])
+    return tree
+
+
+def _cpu_s(fields: list[str]) -> float:
+    """User + system CPU seconds of one process, from its /proc stat fields."""
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def tree_cpu_s(root: int | None) -> float:
+    """CPU seconds process ``root`` and its descendants have used so far (0 when None)."""
+    return 0.0 if root is None else sum(map(_cpu_s, process_tree(root).values()))
+
+
+def box_cpu_ticks() -> tuple[int, int]:
+    """(busy, total) CPU ticks of the whole machine so far, every core (/proc/stat): what
+    the worker, the broker, the load generator and anything else took together."""
+    fields = [int(v) for v in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    idle = fields[3] + (fields[4] if len(fields) > 4 else 0)  # idle + iowait
+    return sum(fields) - idle, sum(fields)
+
+
 class Worker:
     """``python -m sibylla worker`` as a child process with its own settings, a context manager.
 
@@ -302,34 +343,28 @@ class Worker:
         return out
 
     def _tree_stats(self) -> dict[int, list[str]]:
-        """The /proc stat fields (after the command name) of the worker and its descendants
-        (the model and the window reader run in child processes: ``inference/remote.py``,
-        ``streams/reading.py``), by PID."""
+        """The /proc stat fields of the worker and its descendants (the model and the window
+        reader run in child processes: ``inference/remote.py``, ``streams/reading.py``)."""
         assert self.proc is not None
-        stats: dict[int, list[str]] = {}
-        for entry in Path("/proc").iterdir():
-            if entry.name.isdigit():
-                try:
-                    stat = (entry / "stat").read_text()
-                except OSError:  # ended meanwhile
-                    continue
-                stats[int(entry.name)] = stat[stat.rindex(")") + 2:].split()
-        children: dict[int, list[int]] = {}
-        for pid, fields in stats.items():
-            children.setdefault(int(fields[1]), []).append(pid)
-        tree, todo = {}, [self.proc.pid]
-        while todo:
-            pid = todo.pop()
-            if pid in stats:
-                tree[pid] = stats[pid]
-                todo += children.get(pid, [])
-        return tree
+        return process_tree(self.proc.pid)
 
     def cpu_s(self) -> float:
         """CPU seconds (user + system, all threads) the worker and its child processes have
         used so far."""
-        ticks = sum(int(f[11]) + int(f[12]) for f in self._tree_stats().values())
-        return ticks / os.sysconf("SC_CLK_TCK")
+        return sum(self.cpu_s_by_process().values())
+
+    def cpu_s_by_process(self) -> dict[str, float]:
+        """:meth:`cpu_s` split between the worker's own process (its event loop and threads)
+        and the processes it started for the model and the window reader."""
+        out = {"worker": 0.0, "model and reader": 0.0}
+        for pid, fields in self._tree_stats().items():
+            try:
+                command = Path(f"/proc/{pid}/cmdline").read_bytes()
+            except OSError:  # ended meanwhile
+                continue
+            role = "model and reader" if b"multiprocessing" in command else "worker"
+            out[role] += _cpu_s(fields)
+        return out
 
     def memory_kib(self) -> dict[str, int]:
         """VmHWM and VmRSS in KiB, summed over the worker and its child processes: VmRSS is
