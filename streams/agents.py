@@ -117,7 +117,6 @@ STALL_CHECK_EVERY_S = 2.0
 LEDGER_CHECK_S = 120.0
 
 
-
 class _ToDecide(NamedTuple):
     """A decision to make."""
 
@@ -125,6 +124,7 @@ class _ToDecide(NamedTuple):
     event_time: float  # when it happened (the broker's timestamp, seconds)
     window: LogWindow  # what the model reads
     offset: int | None  # the termination's offset in its partition; None: unknown
+
 
 # What the model's batch gives a window: its prediction and the reading of its text.
 _Read = tuple[Prediction, WindowReading]
@@ -322,8 +322,9 @@ class Pipeline:
         for tp in assigned:
             if tp.topic == self.t.logs.get_topic_name() and tp.partition not in self._assigned_at:
                 self._assigned_at[tp.partition] = now
-                # Every decision of the partition is checked against the decisions topic for
-                # LEDGER_CHECK_S: read it now rather than on the first decision's path.
+                # The replays of the partition are checked against the decisions topic
+                # (_may_be_decided_elsewhere): read what it holds now rather than on the first
+                # decision's path.
                 self._in_background(self.ledger.warm(tp.partition,
                                                      now - LEDGER_CHECK_S - CLOCK_SKEW_S))
                 self._in_background(self._note_replays_end(tp.partition, now))

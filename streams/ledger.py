@@ -9,9 +9,11 @@ replayed, was then decided a second time on a window already freed: an empty win
 second, different verdict (``unknown`` after ``deterministic``).
 
 So the decide path asks the topic itself when it is most likely to be wrong, or most costly
-to be: while the partition is new to this worker (a restart or a hand-over), and whenever a
-window is empty. A decision already on the topic is adopted (marked decided here), not made
-again; when the topic cannot be read, the decision waits (it is requested again later).
+to be: for a termination an earlier owner of the partition may have taken (one below the
+partition's end when this worker got it, after a restart or a hand-over; every decision while
+the partition is new when that end is not known), and whenever a window is empty. A decision
+already on the topic is adopted (marked decided here), not made again; when the topic cannot
+be read, the decision waits (it is requested again later).
 
 A partition's answers are kept: the topic only grows, so the next question reads just the
 records that came since the last one (:class:`_Seen`). Re-reading everything since the
