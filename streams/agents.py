@@ -319,25 +319,29 @@ class Pipeline:
 
     async def _on_assigned(self, app: Any, assigned: set[TP], **_: Any) -> None:
         now = time.time()
-        for tp in assigned:
-            if tp.topic == self.t.logs.get_topic_name() and tp.partition not in self._assigned_at:
-                self._assigned_at[tp.partition] = now
-                # The replays of the partition are checked against the decisions topic
-                # (_may_be_decided_elsewhere): read what it holds now rather than on the first
-                # decision's path.
-                self._in_background(self.ledger.warm(tp.partition,
-                                                     now - LEDGER_CHECK_S - CLOCK_SKEW_S))
-                self._in_background(self._note_replays_end(tp.partition, now))
+        new = sorted(tp.partition for tp in assigned if tp.topic == self.t.logs.get_topic_name()
+                     and tp.partition not in self._assigned_at)
+        for partition in new:
+            self._assigned_at[partition] = now
+            # The replays of the partition are checked against the decisions topic
+            # (_may_be_decided_elsewhere): read what it holds now rather than on the first
+            # decision's path.
+            self._in_background(self.ledger.warm(partition,
+                                                 now - LEDGER_CHECK_S - CLOCK_SKEW_S))
+        if new:
+            self._in_background(self._note_replays_end(new, now))
 
-    async def _note_replays_end(self, partition: int, assigned_at: float) -> None:
-        """Keep where the partition's terminations stood when this worker got it (at
-        ``assigned_at``): an earlier owner stopped taking them before the hand-over, so one
-        at or above that end was never taken by anyone else, and its decision needs no check
-        against the decisions topic (a read per decide batch, queued behind the others of
-        the worker). No answer: every decision is checked while the partition is new."""
-        end = await self.offsets.end_offset(self.t.job_events.get_topic_name(), partition)
-        if end is not None and self._assigned_at.get(partition) == assigned_at:
-            self._replays_end[partition] = end  # still the same ownership
+    async def _note_replays_end(self, partitions: Sequence[int], assigned_at: float) -> None:
+        """Keep where the partitions' terminations stood when this worker got them (at
+        ``assigned_at``; one request for all): an earlier owner stopped taking them before the
+        hand-over, so one at or above that end was never taken by anyone else, and its
+        decision needs no check against the decisions topic (a read per decide batch, queued
+        behind the others of the worker). No answer: every decision is checked while the
+        partition is new."""
+        ends = await self.offsets.end_offsets(self.t.job_events.get_topic_name(), partitions)
+        for partition, end in (ends or {}).items():
+            if self._assigned_at.get(partition) == assigned_at:  # still the same ownership
+                self._replays_end[partition] = end
 
     def _in_background(self, work: Awaitable[None]) -> None:
         """Run ``work`` as a task kept until it ends (the loop holds tasks weakly only)."""

@@ -17,8 +17,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Coroutine
-from typing import Any
+from collections.abc import Coroutine, Sequence
+from typing import Any, TypeVar
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
 
@@ -27,6 +27,8 @@ from sibylla.settings import Settings
 __all__ = ["LagProbe", "start_consumer"]
 
 log = logging.getLogger(__name__)
+
+T = TypeVar("T")
 
 ASK_TIMEOUT_S = 2.0
 
@@ -92,11 +94,19 @@ class LagProbe:
     async def end_offset(self, topic: str, partition: int) -> int | None:
         """The partition's end offset (one past its last record), or None when the broker
         does not answer within :data:`ASK_TIMEOUT_S`."""
-        tp = TopicPartition(topic, partition)
+        ends = await self.end_offsets(topic, [partition])
+        return None if ends is None else ends[partition]
 
-        async def ask() -> int:
-            return int((await (await self._client()).end_offsets([tp]))[tp])
-        return await self._answer(ask(), f"end offset of {topic}[{partition}]")
+    async def end_offsets(self, topic: str, partitions: Sequence[int]
+                          ) -> dict[int, int] | None:
+        """The end offset of each of the topic's ``partitions``, asked in one request; None
+        when the broker does not answer within :data:`ASK_TIMEOUT_S`."""
+        tps = [TopicPartition(topic, partition) for partition in partitions]
+
+        async def ask() -> dict[int, int]:
+            ends = await (await self._client()).end_offsets(tps)
+            return {tp.partition: int(ends[tp]) for tp in tps}
+        return await self._answer(ask(), f"end offsets of {topic}{sorted(partitions)}")
 
     async def committed_offset(self, topic: str, partition: int) -> int | None:
         """The group's committed offset of the partition (0 when none), or None when the
@@ -107,7 +117,7 @@ class LagProbe:
         return await self._answer(ask(), f"committed offset of {topic}[{partition}]")
 
     @staticmethod
-    async def _answer(question: Coroutine[Any, Any, int], what: str) -> int | None:
+    async def _answer(question: Coroutine[Any, Any, T], what: str) -> T | None:
         try:
             return await asyncio.wait_for(question, ASK_TIMEOUT_S)
         except Exception as exc:  # noqa: BLE001 - a timeout or a broker error: no answer

@@ -286,13 +286,13 @@ async def test_only_terminations_an_earlier_owner_may_have_taken_are_checked_on_
         asked.extend(sorted(terminated_at))
         return {}
 
-    async def end_then(topic: str, partition: int) -> int | None:
-        return replays_end
+    async def ends_then(topic: str, partitions: list[int]) -> dict[int, int] | None:
+        return None if replays_end is None else dict.fromkeys(partitions, replays_end)
 
     monkeypatch.setattr(pipeline.ledger, "decided", on_topic)
-    monkeypatch.setattr(pipeline.offsets, "end_offset", end_then)
+    monkeypatch.setattr(pipeline.offsets, "end_offsets", ends_then)
     pipeline._assigned_at[0] = time.time() - owned_s
-    await pipeline._note_replays_end(0, pipeline._assigned_at[0])
+    await pipeline._note_replays_end([0], pipeline._assigned_at[0])
     for job_id in ("job-a", "job-b", "job-c"):
         window = pipeline.cache.get_or_create(0, f"0:{job_id}")
         window.extend(["step 1 loss 0.5", "RuntimeError: shape mismatch"], time.time())
