@@ -164,7 +164,8 @@ class Pipeline:
         self.cache = WindowCache(self.store, s.partitions)
         # Counted when scraped: windows also go when decided, released or expired.
         self.metrics.active_windows.set_function(lambda: len(self.cache))
-        self.field_map = FieldMap.parse(s.field_map)
+        field_map = FieldMap.parse(s.field_map)
+        self.field_map = field_map if field_map.paths else None  # none: no lookup per record
         self.reader = WindowReader()  # reads the windows' text beside the model (reading.py)
         self.batcher: MicroBatcher[LogWindow, _Read] = MicroBatcher(
             self._predict, s.batch_max_windows, s.batch_max_wait_ms / 1000.0,

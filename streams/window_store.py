@@ -102,7 +102,12 @@ class WindowStore:
             if n not in segments:
                 self._drop(_chunk_key(key, n))
         window.saved_lines, window.saved_first_chunk = count, first
-        window.compact()
+        # A window whose log has ended waits only for its termination, and is freed soon
+        # after its decision: compressing it saved memory for moments, and cost a tenth of
+        # the worker's busy time at 100 failures/s (py-spy; docs/pipeline-bench.md, finding
+        # 22). The limits bound it uncompressed too.
+        if not window.eos:
+            window.compact()
 
     def load(self, key: str, header: bytes) -> TailWindow:
         """The window of ``key`` that its header (and chunks) describe."""

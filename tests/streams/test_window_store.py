@@ -22,15 +22,19 @@ def _store(limits: WindowLimits, chunk_lines: int) -> WindowStore:
 @settings(max_examples=300, deadline=None)
 @given(limits=LIMITS, batches=CHUNKS, chunk_lines=st.integers(1, 8),
        saves=st.lists(st.sampled_from([None, 1, SEGMENT_CHUNKS, "all"]), min_size=12,
-                      max_size=12))
-def test_a_saved_window_loads_back_as_it_was(limits, batches, chunk_lines, saves) -> None:
+                      max_size=12), eos_from=st.integers(0, 12))
+def test_a_saved_window_loads_back_as_it_was(limits, batches, chunk_lines, saves,
+                                             eos_from) -> None:
     # Between saves (the worker saves at each commit), ingest writes the chunks completed
-    # (save_chunks) once there are at least 1 or SEGMENT_CHUNKS of them.
+    # (save_chunks) once there are at least 1 or SEGMENT_CHUNKS of them. From batch
+    # ``eos_from`` on, the log has ended (the store then leaves its lines uncompressed), and
+    # lines may still come after the marker.
     store = _store(limits, chunk_lines)
     window = TailWindow(limits)
     for i, (batch, save) in enumerate(zip(batches, saves, strict=False)):
         window.extend(batch + ([] if i else ["Traceback (most recent call last):"]), now=i)
         window.last_offset = i
+        window.eos = i >= eos_from
         if save == "all" or i == len(batches) - 1:
             store.save("0:job", window)
         elif save is not None:
