@@ -28,6 +28,8 @@ from multiprocessing.connection import Connection
 from multiprocessing.process import BaseProcess
 from typing import Any
 
+from sibylla.collector import tune_collector
+
 from .api import LogWindow, Prediction
 
 __all__ = ["ModelProcessError", "ProcessClassifier"]
@@ -53,6 +55,7 @@ def _serve(conn: Connection, model_path: str | None, device: str, min_confidence
 
         torch.set_num_threads(threads)
         classifier = load_classifier(model_path, device, min_confidence)
+        tune_collector()  # torch's objects live as long as the process
     except BaseException as exc:  # noqa: BLE001 - reported to the worker, which stops
         _send_error(conn, exc)
         return

@@ -35,6 +35,7 @@ from collections.abc import Sequence
 from concurrent.futures import Future, ProcessPoolExecutor
 from dataclasses import dataclass
 
+from sibylla.collector import tune_collector
 from sibylla.inference.api import LogWindow
 from sibylla.online_learning.votes import error_signature, window_text
 from sibylla.streams.attempts import cause_line, hardware_lines, progress_of, template
@@ -83,6 +84,7 @@ def _init_reader_process() -> None:
     if parent is not None:
         threading.Thread(target=_exit_with, args=(parent.sentinel,), daemon=True,
                          name="sibylla-reader-parent-watch").start()
+    tune_collector()
 
 
 def _exit_with(sentinel: int) -> None:

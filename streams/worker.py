@@ -26,6 +26,7 @@ import faust
 from faust.web import Request, Response, View
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
+from sibylla.collector import tune_collector
 from sibylla.inference.api import Classifier
 from sibylla.online_learning.worker import register as register_online_learning
 from sibylla.settings import Settings
@@ -174,6 +175,7 @@ def run_worker(settings: Settings, classifier: Classifier | None = None) -> int:
     if isinstance(model, Future):
         load_on_first_join(pipeline.t.app, settings, model)
     log.info("worker settings: %s", settings.redacted())
+    tune_collector()
     worker = faust.Worker(pipeline.t.app, loglevel=settings.log_level.upper(), quiet=True,
                           redirect_stdouts=False, override_logging=False)
     try:
