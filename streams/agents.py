@@ -705,16 +705,19 @@ class Pipeline:
             return
         handlers = {self.t.logs.get_topic_name(): self._ingest_batch,
                     self.t.job_events.get_topic_name(): self._terminations_batch}
+        owned: dict[str, list[int]] = {}
         for tp in sorted(app.assignor.assigned_actives()):
-            handle = handlers.get(tp.topic)
-            if handle is None:
-                continue
-            end = await self.offsets.end_offset(tp.topic, tp.partition)
-            missing = [] if end is None else await self.gaps.stalled(tp.topic, tp.partition,
-                                                                      end)
-            if missing:
-                self.metrics.refetched.labels(topic=tp.topic).inc(len(missing))
-                await bulk.finish(handle(missing))
+            if tp.topic in handlers:
+                owned.setdefault(tp.topic, []).append(tp.partition)
+        for topic, partitions in owned.items():
+            # One request for the topic's partitions, not one each: the check runs every
+            # STALL_CHECK_EVERY_S on every worker, busy or idle.
+            ends = await self.offsets.end_offsets(topic, partitions) or {}
+            for partition, end in ends.items():
+                missing = await self.gaps.stalled(topic, partition, end)
+                if missing:
+                    self.metrics.refetched.labels(topic=topic).inc(len(missing))
+                    await bulk.finish(handlers[topic](missing))
 
     async def _request_due_decisions(self) -> None:
         """Ask for the decisions whose grace period is over (also after a restart); free the

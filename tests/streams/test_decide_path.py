@@ -251,11 +251,11 @@ async def test_a_termination_read_again_while_its_failure_is_decided_is_not_deci
     async def read_again(topic: str, partition: int, start: int, end: int) -> list[Any]:
         return [termination]
 
-    async def partition_end(topic: str, partition: int) -> int:
-        return 1
+    async def partition_ends(topic: str, partitions: list[int]) -> dict[int, int]:
+        return dict.fromkeys(partitions, 1)
 
     monkeypatch.setattr(pipeline.gaps, "_fetch", read_again)
-    monkeypatch.setattr(pipeline.offsets, "end_offset", partition_end)
+    monkeypatch.setattr(pipeline.offsets, "end_offsets", partition_ends)
     stall_check = asyncio.ensure_future(pipeline._catch_up_stalled())
     await asyncio.wait([stall_check], timeout=2.0)
     model.hold.set()

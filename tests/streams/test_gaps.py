@@ -7,6 +7,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+from faust.types import TP
 
 from sibylla.streams import gaps
 from sibylla.streams.gaps import GapFiller
@@ -150,3 +151,36 @@ async def test_a_full_producer_buffer_or_a_late_check_restarts_the_stall_clocks(
     pipeline._stall_checked -= 60  # the timer came a minute late: the loop was held
     await pipeline._catch_up_stalled()
     assert clocks == {}, "a held loop held the agents: no stall"
+
+
+async def test_the_stall_check_asks_each_topic_once_and_hands_on_what_was_missed(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every 2 s, on every worker: the ends of a topic's owned partitions come in one
+    request, and a stalled partition's missed records go to that topic's agent."""
+    settings = make_settings("127.0.0.1:9", "gaps-", tmp_path, store="memory")
+    pipeline = build_worker(settings, SimpleNamespace(version="v0", predict=None))
+    logs, events = pipeline.t.logs.get_topic_name(), pipeline.t.job_events.get_topic_name()
+    owned = {TP(topic, p) for topic in (logs, events, "other") for p in (0, 1)}
+    monkeypatch.setattr(pipeline.t.app.assignor, "assigned_actives", lambda: owned)
+    asked: list[tuple[str, list[int]]] = []
+
+    async def ends(topic: str, partitions: list[int]) -> dict[int, int]:
+        asked.append((topic, sorted(partitions)))
+        return dict.fromkeys(partitions, 9)
+
+    async def stalled(topic: str, partition: int, end: int) -> list[str]:
+        return [f"{topic}/{partition}@{end}"] if partition == 1 else []
+
+    handled: list[tuple[str, list[str]]] = []
+
+    async def handler_of(name: str, records: list[str]) -> None:
+        handled.append((name, records))
+
+    monkeypatch.setattr(pipeline.offsets, "end_offsets", ends)
+    monkeypatch.setattr(pipeline.gaps, "stalled", stalled)
+    monkeypatch.setattr(pipeline, "_ingest_batch", lambda r: handler_of("ingest", r))
+    monkeypatch.setattr(pipeline, "_terminations_batch", lambda r: handler_of("terminations", r))
+    await pipeline._catch_up_stalled()
+    assert sorted(asked) == sorted([(logs, [0, 1]), (events, [0, 1])])
+    assert sorted(handled) == [("ingest", [f"{logs}/1@9"]),
+                               ("terminations", [f"{events}/1@9"])]
