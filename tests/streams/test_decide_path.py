@@ -172,8 +172,10 @@ def _termination(pipeline: Pipeline, job_id: str, offset: int) -> RecordEvent:
 
 
 async def _terminations(pipeline: Pipeline, events: list[RecordEvent],
-                        monkeypatch: pytest.MonkeyPatch) -> None:
-    """The terminations agent's batch, with no consumer behind it (no records skipped)."""
+                        monkeypatch: pytest.MonkeyPatch,
+                        asked_log_end: list[tuple[str, int]] | None = None) -> None:
+    """The terminations agent's batch, with no consumer behind it (no records skipped); the
+    log partition's end is 0 (``asked_log_end`` collects the questions)."""
 
     async def as_read(events: list[RecordEvent]) -> list[RecordEvent]:
         return events
@@ -182,6 +184,8 @@ async def _terminations(pipeline: Pipeline, events: list[RecordEvent],
         return None
 
     async def log_end(topic: str, partition: int) -> int:
+        if asked_log_end is not None:
+            asked_log_end.append((topic, partition))
         return 0
 
     monkeypatch.setattr(pipeline, "_with_missing", as_read)
@@ -206,6 +210,21 @@ async def test_failures_whose_log_ended_are_decided_with_their_terminations(
     assert model.asked == [["job-a", "job-b"]]
     assert orjson.loads(pipeline.t.pending["0:job-c"])["deadline"] > time.time(), (
         "job-c waits out its grace period for the rest of its log")
+
+
+async def test_failures_waiting_for_the_rest_of_their_log_ask_for_its_end_once_per_batch(
+        worker: tuple[Pipeline, _Model], monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each waits until ingest has taken its log partition up to the end it had then: one
+    question to the broker for the batch, not one per termination."""
+    pipeline, model = worker
+    pipeline.t.pending = {}
+    asked: list[tuple[str, int]] = []
+    await _terminations(pipeline, [_termination(pipeline, job, i) for i, job in enumerate(JOBS)],
+                        monkeypatch, asked)
+    assert asked == [(pipeline.t.logs.get_topic_name(), 0)]
+    pending = [orjson.loads(pipeline.t.pending[f"0:{job}"]) for job in JOBS]
+    assert [entry["log_end"] for entry in pending] == [0] * len(JOBS)
+    assert model.asked == []
 
 
 async def test_a_failure_the_model_could_not_decide_at_termination_is_left_pending(
