@@ -14,9 +14,10 @@ the tail is kept compact: the newest lines as strings, older ones in zstd-compre
 As one Python string each, 10,000 windows of the benchmark's lines held ~260 MiB; compressed,
 about a third of that. zstd at level 1 takes ~0.9 us of CPU per line and shrinks a block of
 the benchmark's lines 3.8 times, where zlib at level 1 took ~2.3 us (8 % of the worker's busy
-time on one-line records) for 3.3 times; it also decompresses twice as fast. Lines are compressed by
-:meth:`TailWindow.compact`, which the window store calls once it has saved them: compressed as
-they arrived, a LogBatch record's lines were decompressed again by the save that followed.
+time on one-line records) for 3.3 times; it also decompresses twice as fast. Lines are
+compressed by :meth:`TailWindow.compact`, which the window store calls once it has saved them:
+compressed as they arrived, a LogBatch record's lines were decompressed again by the save that
+followed.
 
 Persisting windows (incrementally, in chunks) is :mod:`sibylla.streams.window_store`'s job.
 """

@@ -103,9 +103,9 @@ class WindowStore:
                 self._drop(_chunk_key(key, n))
         window.saved_lines, window.saved_first_chunk = count, first
         # A window whose log has ended waits only for its termination, and is freed soon
-        # after its decision: compressing it saved memory for moments, and cost a tenth of
-        # the worker's busy time at 100 failures/s (py-spy; docs/pipeline-bench.md, finding
-        # 22). The limits bound it uncompressed too.
+        # after its decision: compressing it saved memory for moments, and was 12 % of the
+        # event loop's samples in a py-spy profile of the benchmark's decisions phase
+        # (docs/pipeline-bench.md, finding 22). The limits bound it uncompressed too.
         if not window.eos:
             window.compact()
 
