@@ -10,12 +10,17 @@ project's 2-core box):
     consume loop (getmany + orjson.loads of every record) over the same pre-produced messages;
 (b) p50/p99 from a failed job's termination event to its decision at a steady failure rate
     (100/s, judged; another with --failure-rate, reported only), then at twice it
-    (--overload-rate; reported: a worker past what it can take);
+    (--overload-rate; reported: a worker past what it can take). A warm-up at the same rate
+    comes first and is reported apart: Apache Kafka's JVM spent 44 % of its CPU in its JIT
+    compilers during a cold run's first seconds at 100/s, which a cluster's long-running broker
+    has behind it;
 (c) the worker's peak RSS (VmHWM) holding 10,000 job windows;
 (d) time from spawning a worker to its first decision, a failed job already waiting;
 (e) lone failures on the idle worker, shipped one at a time as ``sibylla ship JOB FILE
     --state FAILED`` does (log marked end of stream, then the termination): each decision's
-    ``latency_ms``, which must not include the grace period (the log is known complete);
+    ``latency_ms``, which must not include the grace period (the log is known complete).
+    Judged on a worker idle after the warm-up of (b); ten more right after the first
+    decision, on a cold broker, are reported;
 (f) where the model's features are built: at ingest (each line prepared as it arrives) or at
     termination (what the worker does), as CPU added per line at ingest against CPU saved per
     decision, in this process (``--phases features`` needs no worker).
@@ -74,8 +79,8 @@ RESULTS = ROOT / "bench" / "results"
 PHASES = {
     "batched": "(a) ingest, LogBatch records",
     "single": "(a) ingest, LogLine records",
-    "decisions": "(d) spawn to first decision, (e) lone failures, then (b) event-to-decision "
-                 "latency",
+    "decisions": "(d) spawn to first decision, lone failures on a cold broker, (b)'s warm-up, "
+                 "(e) lone failures, then (b) event-to-decision latency",
     "memory": "(c) peak RSS with 10,000 job windows",
     "features": "(f) the model's features built at ingest vs at termination (in process)",
 }
@@ -113,6 +118,7 @@ class Plan:
     failure_rate: float
     overload_rate: float  # reported, not judged: what a worker does beyond what it can take
     failure_seconds: float
+    warmup_seconds: float  # of failures at the judged rate before it is measured (see (b))
     failure_lines: int
     lone_failures: int
     memory_jobs: int
@@ -130,6 +136,7 @@ class Plan:
             failure_rate=failure_rate,
             overload_rate=overload_rate or 2 * failure_rate,
             failure_seconds=8.0 if quick else 20.0,
+            warmup_seconds=8.0 if quick else 10.0,
             failure_lines=200,
             lone_failures=10,
             memory_jobs=10_000,
@@ -258,13 +265,18 @@ class Bench:
                     await asyncio.sleep(0.01)
                 first_s = received["first-failure"][0] - worker.spawned_at
                 print(f"  first decision {first_s:.2f} s after spawn", flush=True)
+                cold = await lone_failures(shipper, worker, received, p.lone_failures,
+                                           self.pool, "cold", "after start")
+                warmup = await self._load(shipper, worker, received, p.failure_rate, "warm",
+                                          p.warmup_seconds)
+                # Idle again: the warm-up's decided windows freed, its commits done.
+                await asyncio.sleep(RELEASE_AFTER_S + 1.0)
                 lone = await lone_failures(shipper, worker, received, p.lone_failures,
-                                           self.pool)
-                print(f"  {len(lone['latency_ms'])} lone failures: latency_ms "
-                      f"{lone['latency_ms']}, max {lone['max_ms']}", flush=True)
-                load = await self._load(shipper, worker, received, p.failure_rate, "fail")
+                                           self.pool, "lone", "after the warm-up")
+                load = await self._load(shipper, worker, received, p.failure_rate, "fail",
+                                        p.failure_seconds)
                 overload = await self._load(shipper, worker, received, p.overload_rate,
-                                            "over")
+                                            "over", p.failure_seconds)
             counters = {k: v for k, v in worker.metrics().items() if k in WORKER_COUNTERS}
         finally:
             follower.cancel()
@@ -282,16 +294,18 @@ class Bench:
         print(f"  changelog records per decided failure: {sum(per_failure.values()):.1f} "
               f"{per_failure}", flush=True)
         return {"first_decision_after_spawn_s": round(first_s, 3), "lone_failures": lone,
-                **load, "overload": overload, "worker_counters_at_end": counters,
+                "lone_failures_after_start": cold,
+                **load, "warmup": warmup, "overload": overload,
+                "worker_counters_at_end": counters,
                 "changelog_records_per_failure": per_failure}
 
     async def _load(self, shipper: Shipper, worker: Worker,
-                    received: dict[str, tuple[float, float]], rate: float, prefix: str
-                    ) -> dict[str, Any]:
-        """Failed jobs at ``rate`` per second for the planned time, then until each is
-        decided (60 s at most): latency percentiles, and what they cost the worker."""
+                    received: dict[str, tuple[float, float]], rate: float, prefix: str,
+                    seconds: float) -> dict[str, Any]:
+        """Failed jobs at ``rate`` per second for ``seconds``, then until each is decided
+        (60 s at most): latency percentiles, and what they cost the worker."""
         p = self.plan
-        total = int(rate * p.failure_seconds)
+        total = int(rate * seconds)
         logs = {f"{prefix}-{i}": batch_record(
                     f"{prefix}-{i}", self.pool.take(f"{prefix}-{i}", p.failure_lines)
                     + failure_tail(i), eos=True) for i in range(total)}
@@ -340,8 +354,8 @@ class Bench:
             "missing_job_ids": sorted(sent.keys() - received.keys())[:20],
         }
         lat = out["event_to_decision_ms"]
-        print(f"  {total} failures at {out['achieved_rate_per_s']}/s: p50 {lat['p50']} ms, "
-              f"p99 {lat['p99']} ms, missing {out['missing']}; worker CPU "
+        print(f"  {prefix}: {total} failures at {out['achieved_rate_per_s']}/s: p50 "
+              f"{lat['p50']} ms, p99 {lat['p99']} ms, missing {out['missing']}; worker CPU "
               f"{out['worker_cpu_ms_per_failure']} ms per failure, "
               f"{out['worker_cpu_share']:.0%} of a core; mean ms by stage {stages}; CPU ms per "
               f"failure by process {out['cpu_ms_per_failure_by_process']}, box "
@@ -524,8 +538,8 @@ async def send_failure(shipper: Shipper, job_id: str, log: bytes) -> float:
 
 
 async def lone_failures(shipper: Shipper, worker: Worker,
-                        received: dict[str, tuple[float, float]], count: int, pool: LinePool
-                        ) -> dict[str, Any]:
+                        received: dict[str, tuple[float, float]], count: int, pool: LinePool,
+                        prefix: str, when: str) -> dict[str, Any]:
     """(e) ``count`` failed jobs shipped one at a time on an otherwise idle worker, each the way
     ``sibylla ship JOB FILE --state FAILED`` sends it (``Shipper.send_lines(eos=True)``, then
     the termination), the next only once the previous one is decided and a pause has passed:
@@ -535,7 +549,7 @@ async def lone_failures(shipper: Shipper, worker: Worker,
     observed: list[float] = []
     undecided: list[str] = []
     for i in range(count):
-        job_id = f"lone-{i}"
+        job_id = f"{prefix}-{i}"
         await shipper.send_lines(job_id, pool.take(job_id, 50) + failure_tail(i), eos=True)
         at = time.time()
         await shipper.send_event(JobEvent(job_id, 0, "finished", "FAILED", 1, None,
@@ -551,8 +565,11 @@ async def lone_failures(shipper: Shipper, worker: Worker,
         else:
             undecided.append(job_id)
         await asyncio.sleep(0.3 + random.random() * 0.4)  # idle again, at no fixed phase
-    return {"latency_ms": latencies, "observed_ms": observed, "undecided": undecided,
-            "max_ms": max(latencies, default=float("nan"))}
+    out = {"latency_ms": latencies, "observed_ms": observed, "undecided": undecided,
+           "max_ms": max(latencies, default=float("nan"))}
+    print(f"  {count} lone failures {when}: latency_ms {latencies}, max {out['max_ms']}",
+          flush=True)
+    return out
 
 
 async def follow(settings: Settings, received: dict[str, tuple[float, float]]) -> None:
@@ -773,6 +790,12 @@ def print_table(report: dict[str, Any]) -> None:
             ("waiting / classifying / publishing (ms)",
              " / ".join(str(v) for v in d["decision_stage_mean_ms"].values()),
              "mean of each stage of those decisions (sibylla_decision_stage_seconds)"),
+            (f"warm-up at {d['warmup']['offered_rate_per_s']:.0f}/s: p50 / p99 (ms)",
+             f"{d['warmup']['event_to_decision_ms']['p50']} / "
+             f"{d['warmup']['event_to_decision_ms']['p99']}",
+             f"{d['warmup']['decided']}/{d['warmup']['failures']} decided, not judged; broker "
+             f"CPU {d['warmup']['cpu_ms_per_failure_by_process']['broker']} ms per failure "
+             f"(measured run: {d['cpu_ms_per_failure_by_process']['broker']})"),
             (f"overload at {d['overload']['offered_rate_per_s']:.0f}/s: p50 / p99 (ms)",
              f"{d['overload']['event_to_decision_ms']['p50']} / "
              f"{d['overload']['event_to_decision_ms']['p99']}",
@@ -787,6 +810,9 @@ def print_table(report: dict[str, Any]) -> None:
              f"{d['lone_failures']['max_ms']}",
              f"{len(d['lone_failures']['latency_ms'])} shipped one at a time; all: "
              f"{d['lone_failures']['latency_ms']}"),
+            ("  the same right after start, max",
+             f"{d['lone_failures_after_start']['max_ms']}",
+             f"cold broker, not judged; all: {d['lone_failures_after_start']['latency_ms']}"),
         ]
     f = r.get("features")
     if f is not None and "error" in f:
