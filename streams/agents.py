@@ -233,6 +233,7 @@ class Pipeline:
         app.timer(STALL_CHECK_EVERY_S, name="catch_up_stalled")(self._catch_up_stalled)
         app.on_partitions_revoked.connect(self._on_revoked)
         app.commit_hooks.append(self._save_windows)
+        app.commit_hooks.append(self._save_marks)
         app.on_partitions_assigned.connect(self._on_assigned)
         app.on_before_shutdown.connect(self._close_clients)
 
@@ -287,6 +288,7 @@ class Pipeline:
                 decider.cancel()  # as faust stops a revoked partition's agents
             self.cache.forget(tp.partition)
             self.ledger.forget(tp.partition)
+            self.gaps.forget(tp.partition)
             for per_partition in (self._ingested, self._windows_swept, self._decisions_swept,
                                   self._assigned_at, self._replays_end, self._to_release,
                                   self._partition_events, self._to_decide):
@@ -388,9 +390,8 @@ class Pipeline:
         tells a successor that these records need no replay, so it must not become durable
         before their dead letters and re-keyed copies: a fault campaign lost two dead
         letters when a worker was killed with them in its producer's buffer and its mark
-        already on the changelog."""
+        already on the changelog. (It is written at the next commit: :meth:`_save_marks`.)"""
         await self._delivered(events)
-        self.in_partition(events[-1].message.partition)
         self.gaps.mark(events)
 
     async def _delivered(self, events: Sequence[Any]) -> None:
@@ -574,6 +575,17 @@ class Pipeline:
                         # Let the agents run: what they change now is in no offset this
                         # commit covers (chosen before the hooks), and is saved by the next.
                         await asyncio.sleep(0)
+            finally:
+                _current_event.reset(token)
+
+    async def _save_marks(self) -> None:
+        """Write the marks of the batches finished since the last commit (gaps.py), each in
+        the event context of its partition; run before every offset commit."""
+        for partition in self.gaps.unsaved_partitions():
+            event = self._partition_event(partition)  # held while it writes (in_event)
+            token = self.in_event(event)
+            try:
+                self.gaps.save(partition)
             finally:
                 _current_event.reset(token)
 

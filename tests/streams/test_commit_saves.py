@@ -10,6 +10,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 from faust import current_event
+from faust.types import TP
 
 from sibylla.schemas.records import JobEvent
 from sibylla.settings import Settings
@@ -72,3 +73,48 @@ async def test_a_window_decided_before_the_commit_is_not_written(tmp_path: Path)
 
     assert saved == [running]
     assert pipeline.t.decided == {failed: b"{}"} and pipeline.t.pending == {}
+
+
+class _WritesWithPartition(dict):
+    """A table that records the partition of the event each write happened in."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.writes: list[tuple[str, bytes, int | None]] = []
+
+    def __setitem__(self, key: str, value: bytes) -> None:
+        self.writes.append((key, value, _partition_of_current_event()))
+        super().__setitem__(key, value)
+
+
+def _finished_batch(topic: str, partition: int, last_offset: int) -> list[SimpleNamespace]:
+    return [SimpleNamespace(message=SimpleNamespace(topic=topic, partition=partition,
+                                                    offset=last_offset))]
+
+
+async def test_finished_batches_reach_the_offsets_table_at_the_commit(tmp_path: Path) -> None:
+    """The last finished offset of each agent's partition (gaps.py) is what a successor
+    resumes its gap checks from, so it must be on the changelog before the offsets it covers
+    are committed, in its partition's event context. Written per batch, it was 1.3-1.6
+    changelog records per failure; now one per partition and topic per commit. A revoked
+    partition's unwritten marks are not this worker's to write any more."""
+    settings = Settings.from_env({}, store="memory", data_dir=str(tmp_path))
+    pipeline = build_worker(settings, SimpleNamespace(version="v0", predict=None))
+    table = pipeline.gaps.table = _WritesWithPartition()
+    logs, events = pipeline.t.logs.get_topic_name(), pipeline.t.job_events.get_topic_name()
+
+    for batch in (_finished_batch(logs, 1, 5), _finished_batch(logs, 1, 9),
+                  _finished_batch(events, 2, 3), _finished_batch(logs, 1, 7)):
+        await pipeline._finished(batch)
+    assert table.writes == [], "nothing written per batch"
+    assert pipeline.gaps.done(logs, 1) == 9 and pipeline.gaps.done(events, 2) == 3
+
+    await pipeline._save_marks()
+    assert sorted(table.writes) == [(f"{events}/2", b"3", 2), (f"{logs}/1", b"9", 1)]
+    await pipeline._save_marks()
+    assert len(table.writes) == 2, "a commit with no batch finished writes nothing"
+
+    await pipeline._finished(_finished_batch(logs, 1, 12))
+    await pipeline._on_revoked(pipeline.t.app, {TP(logs, 1)})
+    await pipeline._save_marks()
+    assert len(table.writes) == 2 and pipeline.gaps.done(logs, 1) == 9
