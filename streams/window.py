@@ -15,9 +15,9 @@ As one Python string each, 10,000 windows of the benchmark's lines held ~260 MiB
 about a third of that. zstd at level 1 takes ~0.9 us of CPU per line and shrinks a block of
 the benchmark's lines 3.8 times, where zlib at level 1 took ~2.3 us (8 % of the worker's busy
 time on one-line records) for 3.3 times; it also decompresses twice as fast. Lines are
-compressed by :meth:`TailWindow.compact`, which the window store calls once it has saved them:
-compressed as they arrived, a LogBatch record's lines were decompressed again by the save that
-followed.
+compressed by :meth:`TailWindow.compact` when the window store saves the window, and the store
+writes those compressed blocks to the changelog as they are (:meth:`TailWindow.closed_blocks`):
+a line is compressed once, and the changelog holds a third of its text.
 
 Persisting windows (incrementally, in chunks) is :mod:`sibylla.streams.window_store`'s job.
 """
@@ -34,11 +34,10 @@ import zstandard
 from sibylla.inference.api import LogWindow, is_error_start
 from sibylla.settings import Settings
 
-__all__ = ["BLOCK_LINES", "DEFAULT_LIMITS", "TailWindow", "WindowLimits"]
+__all__ = ["BLOCK_LINES", "DEFAULT_LIMITS", "Block", "TailWindow", "WindowLimits", "decompress"]
 
-# Lines per compressed block of a tail (ratio ~3.3 on training logs). Blocks end where the
-# attempt's line number is a multiple of it, and it is a multiple of the window store's chunk,
-# so the lines a save writes (the chunk still filling) are never in a compressed block.
+# Lines per compressed block of a tail, by default (ratio ~3.8 on training logs). Blocks end
+# where the attempt's line number is a multiple of it: the window store's chunks are blocks.
 BLOCK_LINES = 32
 
 # States of the first error block.
@@ -47,9 +46,13 @@ _FE_NONE, _FE_OPEN, _FE_CLOSED = 0, 1, 2
 
 @dataclass(frozen=True, slots=True)
 class WindowLimits:
+    """A window's bounds, and the lines per compressed block of its tail (the unit the window
+    store persists; small in tests, so that small windows have many)."""
+
     max_lines: int
     max_bytes: int
     first_error_max_lines: int
+    block_lines: int = BLOCK_LINES
 
     @classmethod
     def of(cls, settings: Settings) -> WindowLimits:
@@ -67,6 +70,10 @@ def _size(line: str) -> int:
     return len(line) if line.isascii() else len(line.encode())
 
 
+# A compressed block: the lines' UTF-8 bytes back to back, compressed, and each line's size.
+Block = tuple[bytes, "array[int]"]
+
+
 class _Codec(threading.local):
     """The calling thread's zstd contexts. A context is reused for every block (a new one per
     block costs a third more CPU) and must never be used by two threads at once."""
@@ -79,8 +86,8 @@ class _Codec(threading.local):
 _CODEC = _Codec()
 
 
-def _compress(lines: list[str]) -> tuple[bytes, array[int]]:
-    """A block: the lines' UTF-8 bytes back to back, compressed, and each line's size."""
+def _compress(lines: list[str]) -> Block:
+    """The block of ``lines``."""
     encoded = [line.encode() for line in lines]
     # Copied: python-zstandard's result keeps the allocation of the worst case it was written
     # into (3.9 times the compressed size here), which made a window larger than its text.
@@ -88,7 +95,7 @@ def _compress(lines: list[str]) -> tuple[bytes, array[int]]:
     return data, array("I", map(len, encoded))
 
 
-def _decompress(block: tuple[bytes, array[int]], skip: int = 0) -> list[str]:
+def decompress(block: Block, skip: int = 0) -> list[str]:
     """The lines of a block, less its first ``skip``."""
     data = _CODEC.decompressor.decompress(block[0])
     out, at = [], 0
@@ -115,7 +122,7 @@ class TailWindow:
         self.limits = limits
         # A list, not a deque: an empty deque costs 760 bytes per window, and a tail holds at
         # most max_lines / BLOCK_LINES + 1 blocks, so dropping the oldest is cheap either way.
-        self._blocks: list[tuple[bytes, array[int]]] = []
+        self._blocks: list[Block] = []
         self._skip = 0
         self._open: list[str] = []
         self.tail_len = 0
@@ -149,7 +156,7 @@ class TailWindow:
         """The newest line of the tail; the window must not be empty."""
         if self._open:
             return self._open[-1]
-        return _decompress(self._blocks[-1])[-1]
+        return decompress(self._blocks[-1])[-1]
 
     def lines(self, lo: int, hi: int | None = None) -> list[str]:
         """Tail lines ``lo`` to ``hi`` (positions in the tail, oldest 0), decompressing only
@@ -161,7 +168,7 @@ class TailWindow:
             skip = self._skip if i == 0 else 0
             n = len(block[1]) - skip
             if at + n > lo and at < hi:
-                kept = _decompress(block, skip)
+                kept = decompress(block, skip)
                 out.extend(kept[max(0, lo - at):hi - at])
             at += n
             if at >= hi:
@@ -211,19 +218,34 @@ class TailWindow:
         self.last_seen = now
 
     def compact(self) -> None:
-        """Compress the open lines up to the last multiple of :data:`BLOCK_LINES` among the
-        attempt's line numbers into blocks ending at such multiples (the window store's
-        chunks divide them: a save reads the chunk still filling uncompressed)."""
-        open_ = self._open
-        done = len(open_) - self.line_count % BLOCK_LINES
+        """Compress the open lines up to the last multiple of ``limits.block_lines`` among the
+        attempt's line numbers into blocks ending at such multiples."""
+        open_, c = self._open, self.limits.block_lines
+        done = len(open_) - self.line_count % c
         if done <= 0:
             return
         at = 0
         # The first block may be short: its first lines were evicted before it closed.
-        for end in range(done % BLOCK_LINES or BLOCK_LINES, done + 1, BLOCK_LINES):
+        for end in range(done % c or c, done + 1, c):
             self._blocks.append(_compress(open_[at:end]))
             at = end
         del open_[:done]
+
+    def closed_blocks(self, lo: int, hi: int) -> tuple[int, list[Block]]:
+        """The compressed blocks that end after line ``lo`` and by line ``hi`` (line numbers
+        among all the attempt printed, multiples of ``limits.block_lines``, ``hi`` at most
+        where the closed blocks end: call after :meth:`compact`), and the number of the first
+        line they hold. That line may precede the tail (the oldest block keeps the lines
+        evicted since it closed) and may follow ``lo`` (lines evicted before it closed)."""
+        c, blocks = self.limits.block_lines, self._blocks
+        end = self.line_count - len(self._open)  # where the newest block ends
+        first = max(0, len(blocks) - (end - lo) // c)
+        last = len(blocks) - (end - hi) // c
+        chosen = blocks[first:last]
+        if not chosen:
+            return hi, []
+        ends_at = end - (len(blocks) - last) * c
+        return ends_at - (len(chosen) - 1) * c - len(chosen[0][1]), chosen
 
     def to_log_window(self, job_id: str, attempt: int) -> LogWindow:
         return LogWindow(job_id, attempt, self.tail, list(self.first_error),

@@ -15,10 +15,10 @@ from sibylla.settings import Settings
 from sibylla.streams.app import build_app
 from sibylla.streams.keys import attempt_key, partition_of
 from sibylla.streams.state import live_get, live_items
-from sibylla.streams.window import TailWindow, WindowLimits
-from sibylla.streams.window_store import CHUNK_LINES, WindowStore
+from sibylla.streams.window import BLOCK_LINES, TailWindow, WindowLimits
+from sibylla.streams.window_store import WindowStore
 
-LIMITS = WindowLimits(max_lines=4 * CHUNK_LINES, max_bytes=1 << 20, first_error_max_lines=8)
+LIMITS = WindowLimits(max_lines=4 * BLOCK_LINES, max_bytes=1 << 20, first_error_max_lines=8)
 
 
 @dataclass
@@ -69,7 +69,7 @@ def test_a_worker_taking_a_partition_over_finds_its_pending_decisions_and_whole_
     headers: dict[str, bytes | None] = {}
     chunks: dict[str, bytes | None] = {}
     window = TailWindow(LIMITS)
-    lines = [f"step {i}" for i in range(3 * CHUNK_LINES + 5)]
+    lines = [f"step {i}" for i in range(3 * BLOCK_LINES + 5)]
     window.extend(lines, now=1.0)
     WindowStore(headers, chunks, LIMITS).save(key, window)
     headers["0:gone-job"] = None  # a deletion
