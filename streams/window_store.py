@@ -8,8 +8,9 @@ benchmark measured ~24 KB written per 90-byte line. So a window is stored as
   window's compressed blocks (``limits.block_lines`` consecutive lines, 32 by default), written
   as the window holds it, so a line is compressed once and the changelog holds about a third of
   the text. The chunks one save completes go together, up to ``SEGMENT_CHUNKS`` at a time, as
-  *segments* keyed by their first chunk's number (a LogBatch record of 300 lines completes
-  nine chunks: three changelog records, each of which costs faust's table path and a
+  *segments* keyed by their first chunk's number (a LogBatch of 300 benchmark lines into a new
+  window: the eight chunks of its 256-line tail in one record of 2.7 KB, where 16-line chunks
+  of JSON text went as four records of 15 KB, each of which costs faust's table path and a
   produce), and
 - a *header*: counts, flags, the first error block, the lines of the chunk still filling and
   the first chunk number of each segment kept.
@@ -34,11 +35,13 @@ from sibylla.streams.window import Block, TailWindow, WindowLimits, decompress
 
 __all__ = ["SEGMENT_CHUNKS", "WindowStore"]
 
-# Chunks per segment at most: records of a few KB (~3.5 KB of the benchmark's lines). A whole
-# 200-line LogBatch in one record of uncompressed text (~20 KB) raised the peak RSS with 10,000
-# windows by ~70 MiB: the producer buffer is bounded in records
-# (fastpath.PRODUCER_BUFFER_MAX_MESSAGES), so its bytes grow with their size.
-SEGMENT_CHUNKS = 4
+# Chunks per segment at most: records of a few KB (~2.7 KB of the benchmark's lines; a default
+# window's whole tail). Records of uncompressed text that size (a 200-line LogBatch, ~20 KB)
+# raised the peak RSS with 10,000 windows by ~70 MiB: the producer buffer is bounded in records
+# (fastpath.PRODUCER_BUFFER_MAX_MESSAGES), so its bytes grow with their size. Against 4: 2.7-2.9
+# instead of 3.3-3.4 us of CPU per batched line, 168-170 instead of 147-161 MiB above serving
+# with 10,000 windows (docs/pipeline-bench.md, finding 23).
+SEGMENT_CHUNKS = 8
 _FORMAT = 3  # of the header; bump when its layout changes
 # Format 1 (before segments): a record per chunk, none listed in the header. Formats 1 and 2
 # stored a chunk's lines as JSON ``[first line number, [lines]]``, format 3 compressed blocks.
