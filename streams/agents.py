@@ -37,6 +37,7 @@ cannot be (whatever it holds) goes to the dead-letter topic with the reason.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import gc
 import itertools
 import logging
@@ -45,7 +46,7 @@ import threading
 import time
 import weakref
 from collections import defaultdict, deque
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 from concurrent.futures import Future
 from contextvars import Token
 from typing import Any, Generic, NamedTuple, TypeVar
@@ -559,13 +560,8 @@ class Pipeline:
         saved = 0
         for partition in self.cache.partitions_changed():
             changed = self.cache.take_changed(partition)
-            # This task's context: the agents that run at the sleep below keep their own. The
-            # event is held here: a revocation at that sleep drops the partition's, and a weak
-            # reference alone died with it ("Cannot modify table key from outside of stream
-            # iteration" crashed the worker's commit when ingest replaced the event it used).
-            event = self._partition_event(partition)
-            token = self.in_event(event)
-            try:
+            # This task's context: the agents that run at the sleep below keep their own.
+            with self._writing_for(partition):
                 for key, window in changed.items():
                     if not self.cache.holds(partition, key, window):
                         continue  # freed while this commit let the agents run: not to return
@@ -575,19 +571,27 @@ class Pipeline:
                         # Let the agents run: what they change now is in no offset this
                         # commit covers (chosen before the hooks), and is saved by the next.
                         await asyncio.sleep(0)
-            finally:
-                _current_event.reset(token)
 
     async def _save_marks(self) -> None:
         """Write the marks of the batches finished since the last commit (gaps.py), each in
         the event context of its partition; run before every offset commit."""
         for partition in self.gaps.unsaved_partitions():
-            event = self._partition_event(partition)  # held while it writes (in_event)
-            token = self.in_event(event)
-            try:
+            with self._writing_for(partition):
                 self.gaps.save(partition)
-            finally:
-                _current_event.reset(token)
+
+    @contextlib.contextmanager
+    def _writing_for(self, partition: int) -> Iterator[None]:
+        """Route this task's table writes to ``partition``'s changelogs for the block, outside
+        any agent's batch (a commit hook). The partition's event is held here for the block:
+        a revocation while it yields drops the partition's own, and a weak reference alone
+        died with it ("Cannot modify table key from outside of stream iteration" crashed the
+        worker's commit when ingest replaced the event the save used)."""
+        event = self._partition_event(partition)
+        token = self.in_event(event)
+        try:
+            yield
+        finally:
+            _current_event.reset(token)
 
     def _release_decided(self, partition: int, now: float) -> None:
         """Free the windows of attempts decided at least RELEASE_AFTER_S ago."""
