@@ -143,9 +143,17 @@ def _evidence(enc: Encoded, attention: Sequence[float]) -> list[str]:
 
 
 def at_threshold(prediction: Prediction, threshold: float) -> Prediction:
-    """``prediction`` as decided at ``threshold``: ``unknown`` when its confidence is below
-    (category and evidence kept: they say what the model leaned to)."""
-    if prediction.verdict == "unknown" or prediction.confidence >= threshold:
+    """``prediction`` as decided at ``threshold``: a deterministic verdict whose confidence is
+    below it becomes ``unknown`` (category and evidence kept: they say what the model leaned
+    to).
+
+    Only ``do_not_retry`` needs the threshold. A wrong one kills a job a retry would have
+    saved; a wrong ``retry`` costs one more attempt, and the policy with memory stops a root
+    that recurs (policy.py). Abstaining on a transient lean bought no precision and sent the
+    job to the site's default policy, which retries it anyway: in the cross-validation of
+    every real log it took more than half of the abstention budget that the surest
+    ``do_not_retry`` needed (docs/classifier.md)."""
+    if prediction.verdict != "deterministic" or prediction.confidence >= threshold:
         return prediction
     return dataclasses.replace(prediction, verdict="unknown")
 

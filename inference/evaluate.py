@@ -8,11 +8,13 @@ reported, never hidden: a score on them is not a held-out score.
 Beyond the table, what a user needs before trusting ``do_not_retry``:
 
 - the deterministic precision's 95 % Wilson interval (a precision on 40 decisions is vague);
-- the cost curve: deterministic precision against abstention as the confidence threshold rises;
+- the cost curve: deterministic precision against abstention as the confidence threshold rises
+  (the threshold a deterministic verdict needs: a transient one never abstains, see
+  :func:`~.engine.at_threshold`);
 - the operating point cross-fitted by project: for each repository in turn, the threshold is
-  chosen on the *other* repositories' logs (the smallest reaching the target precision at its
-  lower confidence bound, else the one of highest lower bound, within the abstention cap) and
-  applied to the held-out repository's logs; the pooled predictions are scored like any row;
+  chosen on the *other* repositories' logs (the one whose deterministic precision has the
+  highest lower confidence bound within the abstention cap, the lowest such) and applied to
+  the held-out repository's logs; the pooled predictions are scored like any row;
 - the evidence hit rate: on records annotated with their ``cause`` line, how often one of the
   decision's evidence lines contains it.
 """
@@ -92,8 +94,16 @@ def _leaning(p: Prediction) -> str:
     return LABELS[0] if p.category in DETERMINISTIC else LABELS[1]
 
 
+def _decides(lean: str, confidence: float, threshold: float) -> bool:
+    """Whether a prediction leaning to ``lean`` is decided at ``threshold``
+    (:func:`~.engine.at_threshold`: only a deterministic lean needs it)."""
+    return lean == LABELS[1] or (lean == LABELS[0] and confidence >= threshold)
+
+
 def _at_threshold(predictions: Sequence[Prediction], threshold: float) -> list[str]:
-    return [_leaning(p) if p.confidence >= threshold else "unknown" for p in predictions]
+    leans = map(_leaning, predictions)
+    return [lean if _decides(lean, p.confidence, threshold) else "unknown"
+            for lean, p in zip(leans, predictions, strict=True)]
 
 
 def cost_curve(predictions: Sequence[Prediction], records: Sequence[Record],
@@ -114,11 +124,11 @@ class _Grid:
     def __init__(self, predictions: Sequence[Prediction], records: Sequence[Record]) -> None:
         conf = np.array([p.confidence for p in predictions])
         lean = [_leaning(p) for p in predictions]
-        live = np.array([v != "unknown" for v in lean])
         lean_det = np.array([v == LABELS[0] for v in lean])
+        lean_nondet = np.array([v == LABELS[1] for v in lean])
         truth_det = np.array([r.label == LABELS[0] for r in records])
-        self.decided = (conf[None, :] >= _GRID[:, None]) & live[None, :]  # (G, N)
-        self.det = self.decided & lean_det[None, :]
+        self.det = (conf[None, :] >= _GRID[:, None]) & lean_det[None, :]  # (G, N)
+        self.decided = self.det | lean_nondet[None, :]  # (see _decides)
         self.det_right = self.det & truth_det[None, :]
 
     def choose(self, rows: np.ndarray, target: float, max_abstention: float
@@ -130,25 +140,23 @@ class _Grid:
         right = (self.det_right & rows).sum(1)
         allowed = (1 - decided / n <= max_abstention + 1e-9) & (det > 0)
         lower = wilson_bounds(right, det)[0]
-        reached = np.flatnonzero(allowed & (lower >= target))
-        if len(reached):
-            return float(_GRID[reached[0]]), "lower bound"
         candidates = np.flatnonzero(allowed)
         if not len(candidates):
             return float(_GRID[0]), "none allowed"
-        # Precision first: short of the target, spend the abstention budget on the surest
-        # do_not_retry (the highest lower bound; the lowest such threshold), not on the first
-        # threshold whose point estimate reaches it, which a few lucky logs decide.
+        # Precision first: spend the abstention budget on the surest do_not_retry (the
+        # highest lower bound; the lowest such threshold), not on the first threshold whose
+        # point estimate reaches the target, which a few lucky logs decide, nor on the first
+        # whose bound does, while a surer one is within the cap.
         best = candidates[np.argmax(lower[candidates])]
-        return float(_GRID[best]), "best lower bound"
+        return float(_GRID[best]), "lower bound" if lower[best] >= target else "best lower bound"
 
 
 def choose_operating_threshold(predictions: Sequence[Prediction], records: Sequence[Record],
                                target: float = TARGET_PRECISION,
                                max_abstention: float = MAX_ABSTENTION) -> tuple[float, str]:
-    """The smallest confidence threshold whose deterministic precision on ``records`` reaches
-    ``target`` at its 95 % lower bound with at most ``max_abstention`` abstaining; else the
-    one whose lower bound is highest within that cap."""
+    """The confidence threshold whose deterministic precision on ``records`` has the highest
+    95 % lower bound with at most ``max_abstention`` abstaining (the lowest such), and the
+    rule: ``lower bound`` when that bound reaches ``target``, else ``best lower bound``."""
     return _Grid(predictions, records).choose(np.ones(len(records), bool), target,
                                               max_abstention)
 
@@ -181,8 +189,9 @@ def cross_fitted(predictions: Sequence[Prediction], records: Sequence[Record],
         thresholds.append(threshold)
         rules[rule] += 1
         for i in np.flatnonzero(held).tolist():
-            p = predictions[i]
-            verdicts[i] = _leaning(p) if p.confidence >= threshold else "unknown"
+            lean = _leaning(predictions[i])
+            verdicts[i] = lean if _decides(lean, predictions[i].confidence, threshold) \
+                else "unknown"
     metrics = _score(records, verdicts, predictions)
     return {**metrics, "projects": len(thresholds), "target_precision": target,
             "max_abstention": max_abstention,

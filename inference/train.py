@@ -148,12 +148,12 @@ def choose_threshold(p_det: Sequence[float], labels: Sequence[int], target_preci
     ``p_det`` are calibrated probabilities of ``deterministic``, ``labels`` verdict indices
     (0 = deterministic). The threshold stops rising before more than ``max_abstention`` of the
     windows would be ``unknown``: a model that abstains on everything protects no one's GPUs.
+    Only deterministic verdicts abstain (:func:`~.engine.at_threshold`).
     """
     candidates = [round(floor + i * 0.01, 2) for i in range(int(round((0.99 - floor) * 100)) + 1)]
-    confidence = [max(p, 1 - p) for p in p_det]
     previous = candidates[0]
     for t in candidates:
-        if sum(c < t for c in confidence) > max_abstention * len(confidence):
+        if sum(0.5 <= p < t for p in p_det) > max_abstention * len(p_det):
             return previous
         decided = [y for p, y in zip(p_det, labels, strict=True) if p >= t]
         if not decided or sum(y == 0 for y in decided) / len(decided) >= target_precision:

@@ -101,7 +101,8 @@ class Settings:
     )
     model_path: str = setting("", "Model file; empty means the model shipped in the package.")
     min_confidence: float = setting(
-        0.0, "Below this confidence the verdict is unknown; 0 means the model's threshold.",
+        0.0, "Below this confidence a deterministic verdict is unknown (a transient one is "
+        "never withheld); 0 means the model's threshold.",
         min=0.0, max=1.0,
     )
     explore_rate: float = setting(

@@ -25,6 +25,7 @@ from sibylla.inference.corpus import (
     packaged_path,
     project_of,
 )
+from sibylla.inference.engine import at_threshold
 from sibylla.inference.evaluate import (
     cause_in_evidence,
     choose_operating_threshold,
@@ -173,6 +174,53 @@ def test_short_of_the_target_the_threshold_buys_the_surest_do_not_retry() -> Non
     assert (threshold, rule) == (0.76, "best lower bound")
     decided = [p.confidence >= threshold for p in predictions]
     assert not any(d for d, r in zip(decided, records, strict=True) if r.source == "org/wrong#1")
+
+
+def test_past_the_target_the_cap_still_buys_the_surest_do_not_retry() -> None:
+    """At 0.5 the bound reaches 0.98 already (300 right, 1 wrong at 0.7); within the cap a
+    threshold past the wrong one is surer, and that is the one taken."""
+    records, predictions = [], []
+
+    def add(project: str, label: str, verdict: str, conf: float) -> None:
+        category = "python_runtime_error" if label == "deterministic" else "connection_error"
+        records.append(Record(f"{len(records)}", f"org/{project}#1", "f", category, label, "x"))
+        predictions.append(_prediction(verdict, conf))
+
+    for k in range(300):
+        add(f"d{k % 30}", "deterministic", "deterministic", 0.95)
+    for k in range(20):
+        add(f"u{k}", "deterministic", "deterministic", 0.6)
+    add("wrong", "nondeterministic", "deterministic", 0.7)
+    for k in range(100):
+        add(f"n{k % 10}", "nondeterministic", "nondeterministic", 0.95)
+    assert choose_operating_threshold(predictions, records, 0.98, 0.15) == (0.71,
+                                                                            "lower bound")
+
+
+def test_a_transient_lean_is_never_abstained_on() -> None:
+    """Only do_not_retry needs the threshold: unsure transient verdicts are decided, so the
+    abstention cap (0.15 of 200: 30) is spent on deterministic ones. Past the wrong
+    do_not_retry at 0.6, 30 deterministic verdicts abstain; the 40 transient ones at 0.55 do
+    not count against the cap (counted, they would have left the wrong one decided)."""
+    records, predictions = [], []
+
+    def add(label: str, verdict: str, conf: float) -> None:
+        category = "python_runtime_error" if label == "deterministic" else "connection_error"
+        records.append(Record(f"{len(records)}", f"org/p{len(records)}#1", "f", category,
+                              label, "x"))
+        predictions.append(_prediction(verdict, conf))
+
+    for label, verdict, conf, count in (("deterministic", "deterministic", 0.95, 100),
+                                        ("deterministic", "deterministic", 0.6, 29),
+                                        ("nondeterministic", "deterministic", 0.6, 1),
+                                        ("nondeterministic", "nondeterministic", 0.95, 30),
+                                        ("nondeterministic", "nondeterministic", 0.55, 40)):
+        for _ in range(count):
+            add(label, verdict, conf)
+    assert choose_operating_threshold(predictions, records, 0.98, 0.15)[0] == 0.61
+    assert at_threshold(_prediction("nondeterministic", 0.55), 0.61).verdict == \
+        "nondeterministic"
+    assert at_threshold(_prediction("deterministic", 0.6), 0.61).verdict == "unknown"
 
 
 def test_evidence_hits_need_the_cause_line() -> None:

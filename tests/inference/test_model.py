@@ -114,6 +114,14 @@ def test_threshold_stops_rising_at_the_abstention_budget() -> None:
     assert choose_threshold(p_det, labels, 0.99, floor=0.6, max_abstention=0.2) == 0.70
 
 
+def test_unsure_transient_verdicts_spend_no_abstention_budget() -> None:
+    """They are decided at any threshold (only do_not_retry abstains), so the budget of 2.1
+    windows holds the two deterministic ones below 0.71 and the wrong one is left out."""
+    p_det = [0.95, 0.9, 0.7, 0.65, 0.0, 0.35, 0.4]
+    labels = [0, 0, 1, 0, 1, 1, 1]
+    assert choose_threshold(p_det, labels, 0.99, floor=0.6, max_abstention=0.3) == 0.71
+
+
 def _corrupt(path: Path, tmp_path: Path) -> Path:
     bad = tmp_path / "bad.safetensors"
     data = bytearray(path.read_bytes())
