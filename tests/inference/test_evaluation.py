@@ -129,6 +129,23 @@ def _prediction(verdict: str, confidence: float) -> Prediction:
     return Prediction(verdict, confidence, category, [])  # type: ignore[arg-type]
 
 
+class _Decided:
+    """Records and the predictions made of them, built a log at a time."""
+
+    def __init__(self) -> None:
+        self.records: list[Record] = []
+        self.predictions: list[Prediction] = []
+
+    def add(self, label: str, verdict: str, conf: float, project: str | None = None) -> None:
+        """A log of ``label`` predicted ``verdict`` at ``conf``; a project of its own unless
+        ``project`` is given."""
+        category = "python_runtime_error" if label == "deterministic" else "connection_error"
+        n = len(self.records)
+        self.records.append(Record(f"{n}", f"org/{project or f'p{n}'}#1", "f", category, label,
+                                   "x"))
+        self.predictions.append(_prediction(verdict, conf))
+
+
 def test_cross_fitted_threshold_is_chosen_without_the_held_out_project() -> None:
     """Project p's one wrong do_not_retry (at 0.85) is never seen when p's threshold is
     chosen, so p is decided at the threshold the other projects need (0.5)."""
@@ -155,46 +172,35 @@ def test_short_of_the_target_the_threshold_buys_the_surest_do_not_retry() -> Non
     """No threshold reaches 0.98 at its lower bound here (150 right of 150 is 0.975). The
     first whose point estimate does (0.5: 180 right of 182) is not taken: the cap is spent on
     the highest lower bound, past the two wrong do_not_retry at 0.62 and 0.75."""
-    records, predictions = [], []
-
-    def add(project: str, label: str, verdict: str, conf: float) -> None:
-        category = "python_runtime_error" if label == "deterministic" else "connection_error"
-        records.append(Record(f"{len(records)}", f"org/{project}#1", "f", category, label, "x"))
-        predictions.append(_prediction(verdict, conf))
-
+    logs = _Decided()
     for k in range(150):
-        add(f"d{k % 30}", "deterministic", "deterministic", 0.9)
+        logs.add("deterministic", "deterministic", 0.9, f"d{k % 30}")
     for k in range(100):
-        add(f"n{k % 10}", "nondeterministic", "nondeterministic", 0.95)
+        logs.add("nondeterministic", "nondeterministic", 0.95, f"n{k % 10}")
     for conf in (0.62, 0.75):
-        add("wrong", "nondeterministic", "deterministic", conf)
+        logs.add("nondeterministic", "deterministic", conf, "wrong")
     for _ in range(30):
-        add("unsure", "deterministic", "deterministic", 0.55)
-    threshold, rule = choose_operating_threshold(predictions, records, 0.98, 0.2)
+        logs.add("deterministic", "deterministic", 0.55, "unsure")
+    threshold, rule = choose_operating_threshold(logs.predictions, logs.records, 0.98, 0.2)
     assert (threshold, rule) == (0.76, "best lower bound")
-    decided = [p.confidence >= threshold for p in predictions]
-    assert not any(d for d, r in zip(decided, records, strict=True) if r.source == "org/wrong#1")
+    decided = [p.confidence >= threshold for p in logs.predictions]
+    assert not any(d for d, r in zip(decided, logs.records, strict=True)
+                   if r.source == "org/wrong#1")
 
 
 def test_past_the_target_the_cap_still_buys_the_surest_do_not_retry() -> None:
     """At 0.5 the bound reaches 0.98 already (300 right, 1 wrong at 0.7); within the cap a
     threshold past the wrong one is surer, and that is the one taken."""
-    records, predictions = [], []
-
-    def add(project: str, label: str, verdict: str, conf: float) -> None:
-        category = "python_runtime_error" if label == "deterministic" else "connection_error"
-        records.append(Record(f"{len(records)}", f"org/{project}#1", "f", category, label, "x"))
-        predictions.append(_prediction(verdict, conf))
-
+    logs = _Decided()
     for k in range(300):
-        add(f"d{k % 30}", "deterministic", "deterministic", 0.95)
-    for k in range(20):
-        add(f"u{k}", "deterministic", "deterministic", 0.6)
-    add("wrong", "nondeterministic", "deterministic", 0.7)
+        logs.add("deterministic", "deterministic", 0.95, f"d{k % 30}")
+    for _ in range(20):
+        logs.add("deterministic", "deterministic", 0.6)
+    logs.add("nondeterministic", "deterministic", 0.7)
     for k in range(100):
-        add(f"n{k % 10}", "nondeterministic", "nondeterministic", 0.95)
-    assert choose_operating_threshold(predictions, records, 0.98, 0.15) == (0.71,
-                                                                            "lower bound")
+        logs.add("nondeterministic", "nondeterministic", 0.95, f"n{k % 10}")
+    assert choose_operating_threshold(logs.predictions, logs.records, 0.98, 0.15) == (
+        0.71, "lower bound")
 
 
 def test_a_transient_lean_is_never_abstained_on() -> None:
@@ -202,22 +208,15 @@ def test_a_transient_lean_is_never_abstained_on() -> None:
     abstention cap (0.15 of 200: 30) is spent on deterministic ones. Past the wrong
     do_not_retry at 0.6, 30 deterministic verdicts abstain; the 40 transient ones at 0.55 do
     not count against the cap (counted, they would have left the wrong one decided)."""
-    records, predictions = [], []
-
-    def add(label: str, verdict: str, conf: float) -> None:
-        category = "python_runtime_error" if label == "deterministic" else "connection_error"
-        records.append(Record(f"{len(records)}", f"org/p{len(records)}#1", "f", category,
-                              label, "x"))
-        predictions.append(_prediction(verdict, conf))
-
+    logs = _Decided()
     for label, verdict, conf, count in (("deterministic", "deterministic", 0.95, 100),
                                         ("deterministic", "deterministic", 0.6, 29),
                                         ("nondeterministic", "deterministic", 0.6, 1),
                                         ("nondeterministic", "nondeterministic", 0.95, 30),
                                         ("nondeterministic", "nondeterministic", 0.55, 40)):
         for _ in range(count):
-            add(label, verdict, conf)
-    assert choose_operating_threshold(predictions, records, 0.98, 0.15)[0] == 0.61
+            logs.add(label, verdict, conf)
+    assert choose_operating_threshold(logs.predictions, logs.records, 0.98, 0.15)[0] == 0.61
     assert at_threshold(_prediction("nondeterministic", 0.55), 0.61).verdict == \
         "nondeterministic"
     assert at_threshold(_prediction("deterministic", 0.6), 0.61).verdict == "unknown"
