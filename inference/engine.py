@@ -150,9 +150,11 @@ def at_threshold(prediction: Prediction, threshold: float) -> Prediction:
     Only ``do_not_retry`` needs the threshold. A wrong one kills a job a retry would have
     saved; a wrong ``retry`` costs one more attempt, and the policy with memory stops a root
     that recurs (policy.py). Abstaining on a transient lean bought no precision and sent the
-    job to the site's default policy, which retries it anyway: in the cross-validation of
-    every real log it took more than half of the abstention budget that the surest
-    ``do_not_retry`` needed (docs/classifier.md)."""
+    job to the site's default policy, which on the clusters Sibylla is for (they retry
+    blindly) retries it anyway: in the cross-validation of every real log it took more than
+    half of the abstention budget that the surest ``do_not_retry`` needed
+    (docs/classifier.md). A site that does not retry failed jobs sets a floor for ``retry``
+    (``min_retry_confidence``, streams/policy.py)."""
     if prediction.verdict != "deterministic" or prediction.confidence >= threshold:
         return prediction
     return dataclasses.replace(prediction, verdict="unknown")

@@ -105,6 +105,12 @@ class Settings:
         "never withheld); 0 means the model's threshold.",
         min=0.0, max=1.0,
     )
+    min_retry_confidence: float = setting(
+        0.0, "A transient verdict below this confidence gets default_policy instead of retry "
+        "or retry_elsewhere, for sites that do not retry failed jobs by default (0: every "
+        "transient verdict is acted on; the model's threshold: as before session 26).",
+        min=0.0, max=1.0,
+    )
     explore_rate: float = setting(
         0.0, "Share of deterministic verdicts sent as default_policy instead of do_not_retry "
         "(marked explored), so the scheduler retries them and the retry's outcome votes in "

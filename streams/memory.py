@@ -64,7 +64,8 @@ class AttemptMemory:
         s = self.settings
         first = make_decision(job, window, prediction, model_version, decided_at, event_time,
                               explore_rate=s.explore_rate,
-                              explore_max_confidence=s.explore_max_confidence)
+                              explore_max_confidence=s.explore_max_confidence,
+                              min_retry_confidence=s.min_retry_confidence)
         facts = facts_of(job.attempt, reading, first.category, job.nodes, job.state)
         history = self.history(job.job_id)
         decision, remembered = apply_memory(first, facts, history, self.rules)

@@ -38,13 +38,22 @@ BLAMING_RULES = frozenset({"hardware_blamed", "not_job_fault"})
 _MAX_EVIDENCE = 5
 
 
-def action_for(prediction: Prediction, state: str | None = None) -> Action:
+def action_for(prediction: Prediction, state: str | None = None,
+               min_retry_confidence: float = 0.0) -> Action:
     """What the scheduler should do about a verdict (``state``: the attempt's final state, when
-    known; a node failure sends even an unremarkable transient failure elsewhere)."""
+    known; a node failure sends even an unremarkable transient failure elsewhere).
+
+    The model withholds only deterministic verdicts (``inference.engine.at_threshold``): a
+    transient one below ``min_retry_confidence`` gets the site's default policy instead, for
+    sites that do not retry failed jobs, unless the scheduler saw the node fail."""
     if prediction.verdict == "deterministic":
         return "do_not_retry"
     if prediction.verdict == "nondeterministic":
-        if prediction.category in RETRY_ELSEWHERE_CATEGORIES or state in _NODE_STATES:
+        if state in _NODE_STATES:
+            return "retry_elsewhere"
+        if prediction.confidence < min_retry_confidence:
+            return "default_policy"
+        if prediction.category in RETRY_ELSEWHERE_CATEGORIES:
             return "retry_elsewhere"
         return "retry"
     return "default_policy"
@@ -83,6 +92,7 @@ def make_decision(
     *,
     explore_rate: float = 0.0,
     explore_max_confidence: float = 1.0,
+    min_retry_confidence: float = 0.0,
 ) -> Decision:
     """The decision for a failed attempt.
 
@@ -93,11 +103,12 @@ def make_decision(
     ``default_policy`` (the decision is marked ``explored``), so that the scheduler retries them
     and the retry's outcome votes on the verdict in online learning; otherwise a
     ``do_not_retry`` job never gets an outcome vote. The verdict, confidence and category stay
-    the model's. ``explore_max_confidence``: see :func:`explores`.
+    the model's. ``explore_max_confidence``: see :func:`explores`; ``min_retry_confidence``:
+    see :func:`action_for`.
     """
     if prediction is None or window.empty:
         prediction = Prediction("unknown", 0.0, NO_LOG_CATEGORY, [])
-    action = action_for(prediction, event.state)
+    action = action_for(prediction, event.state, min_retry_confidence)
     explored = explores(event.job_id, event.attempt, prediction, explore_rate,
                         explore_max_confidence)
     if explored:

@@ -40,6 +40,24 @@ def test_low_confidence_and_missing_logs_keep_the_default_policy() -> None:
         "unknown", "default_policy", "no_log")
 
 
+def test_a_site_that_does_not_retry_keeps_its_default_for_unsure_transient_verdicts() -> None:
+    """The model withholds only deterministic verdicts; below min_retry_confidence a
+    transient one is acted on by the site's default, not retried, but a node the scheduler
+    saw fail still sends the job elsewhere."""
+    unsure = Prediction("nondeterministic", 0.6, "gpu_hardware_error", ["Xid 79"])
+
+    def action(prediction: Prediction, floor: float, state: str = "FAILED") -> str:
+        event = JobEvent("j", 1, "finished", state, 1, None, ("gpu-1",), 8)
+        return make_decision(event, WINDOW, prediction, "m1", decided_at=10.25,
+                             event_time=10.0, min_retry_confidence=floor).action
+
+    assert action(unsure, 0.0) == "retry_elsewhere"  # the default: every one is acted on
+    assert action(unsure, 0.9) == "default_policy"
+    assert action(unsure, 0.9, state="NODE_FAIL") == "retry_elsewhere"
+    sure = Prediction("nondeterministic", 0.95, "connection_error", [])
+    assert action(sure, 0.9) == "retry"
+
+
 # ---------------------------------------------------------------- exploration
 # A share of deterministic verdicts is sent as default_policy, so that the scheduler retries
 # them and the retry's outcome can refute a wrong verdict (online learning).
