@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 
 from sibylla.inference.api import LogWindow, Prediction
 from sibylla.schemas.records import Decision, JobEvent
+from sibylla.settings import Settings
 from sibylla.streams.attempts import (
     AttemptFacts,
     blamed_nodes,
@@ -20,6 +21,8 @@ from sibylla.streams.attempts import (
     progress_of,
     template,
 )
+from sibylla.streams.memory import AttemptMemory
+from sibylla.streams.metrics import WorkerMetrics
 from sibylla.streams.policy import Rules, apply_memory, make_decision
 from sibylla.streams.reading import read_window
 
@@ -186,3 +189,18 @@ def test_facts_of_a_window_name_its_root_its_progress_and_the_node_its_fault_nam
     assert facts.fingerprint == fingerprint("gpu_hardware", cause_line(window))
     assert facts.progress == (3, 1200, 1)
     assert facts.blamed == ("gpu07",)
+
+
+def test_the_worker_gives_unsure_transient_verdicts_the_site_rule_when_told_to() -> None:
+    """SIBYLLA_MIN_RETRY_CONFIDENCE reaches the worker's decisions, which then treat the
+    verdict as unsure: one retry by the site's rule, stopped when its root recurs."""
+    settings = Settings.from_env({"SIBYLLA_MIN_RETRY_CONFIDENCE": "0.9"})
+    memory = AttemptMemory({}, settings, WorkerMetrics())
+    unsure = Prediction("nondeterministic", 0.6, "connection_error", [])
+    window = LogWindow("j", 0, ["ConnectionResetError: [Errno 104] reset by peer"], [], 1)
+    actions = []
+    for attempt in (0, 1):
+        event = JobEvent("j", attempt, "finished", "FAILED", 1, None, ("gpu-1",), 8)
+        decision = memory.decide(event, window, unsure, read_window(window), "m", 10.0, 9.0)
+        actions.append((decision.action, decision.rule))
+    assert actions == [("default_policy", "unsure"), ("do_not_retry", "same_root_recurred")]
