@@ -37,6 +37,7 @@ __all__ = [
     "load_classifier",
     "pick_device",
     "score_encoded",
+    "withheld",
 ]
 
 logger = logging.getLogger(__name__)
@@ -142,10 +143,8 @@ def _evidence(enc: Encoded, attention: Sequence[float]) -> list[str]:
     return [enc.lines[i].shown for i in sorted(chosen)]
 
 
-def at_threshold(prediction: Prediction, threshold: float) -> Prediction:
-    """``prediction`` as decided at ``threshold``: a deterministic verdict whose confidence is
-    below it becomes ``unknown`` (category and evidence kept: they say what the model leaned
-    to).
+def withheld(verdict: str, confidence: float, threshold: float) -> bool:
+    """Whether a ``verdict`` this confident is withheld (``unknown``) at ``threshold``.
 
     Only ``do_not_retry`` needs the threshold. A wrong one kills a job a retry would have
     saved; a wrong ``retry`` costs one more attempt, and the policy with memory stops a root
@@ -155,7 +154,13 @@ def at_threshold(prediction: Prediction, threshold: float) -> Prediction:
     half of the abstention budget that the surest ``do_not_retry`` needed
     (docs/classifier.md). A site that does not retry failed jobs sets a floor for ``retry``
     (``min_retry_confidence``, streams/policy.py)."""
-    if prediction.verdict != "deterministic" or prediction.confidence >= threshold:
+    return verdict == LABELS[0] and confidence < threshold
+
+
+def at_threshold(prediction: Prediction, threshold: float) -> Prediction:
+    """``prediction`` as decided at ``threshold`` (:func:`withheld`): ``unknown`` when
+    withheld, its category and evidence kept (they say what the model leaned to)."""
+    if not withheld(prediction.verdict, prediction.confidence, threshold):
         return prediction
     return dataclasses.replace(prediction, verdict="unknown")
 

@@ -31,7 +31,7 @@ import numpy as np
 from .api import Classifier, LogWindow, Prediction
 from .baselines import CharTfidfLogReg, ConstantVerdict, RegexRules, TfidfLogReg
 from .corpus import Record, project_of
-from .engine import EVIDENCE_LINES, NO_LOG, ModelClassifier, at_threshold
+from .engine import EVIDENCE_LINES, NO_LOG, ModelClassifier, at_threshold, withheld
 from .metrics import score, wilson_bounds, wilson_interval
 from .preprocess import redact, select_lines, window_from_text
 from .taxonomy import DETERMINISTIC, LABELS
@@ -94,15 +94,10 @@ def _leaning(p: Prediction) -> str:
     return LABELS[0] if p.category in DETERMINISTIC else LABELS[1]
 
 
-def _decides(lean: str, confidence: float, threshold: float) -> bool:
-    """Whether a prediction leaning to ``lean`` is decided at ``threshold``
-    (:func:`~.engine.at_threshold`: only a deterministic lean needs it)."""
-    return lean == LABELS[1] or (lean == LABELS[0] and confidence >= threshold)
-
-
 def _at_threshold(predictions: Sequence[Prediction], threshold: float) -> list[str]:
+    """Each prediction's lean, or ``unknown`` where it is withheld at ``threshold``."""
     leans = map(_leaning, predictions)
-    return [lean if _decides(lean, p.confidence, threshold) else "unknown"
+    return ["unknown" if withheld(lean, p.confidence, threshold) else lean
             for lean, p in zip(leans, predictions, strict=True)]
 
 
@@ -127,8 +122,9 @@ class _Grid:
         lean_det = np.array([v == LABELS[0] for v in lean])
         lean_nondet = np.array([v == LABELS[1] for v in lean])
         truth_det = np.array([r.label == LABELS[0] for r in records])
+        # engine.withheld over the grid: only a deterministic lean needs the threshold
         self.det = (conf[None, :] >= _GRID[:, None]) & lean_det[None, :]  # (G, N)
-        self.decided = self.det | lean_nondet[None, :]  # (see _decides)
+        self.decided = self.det | lean_nondet[None, :]
         self.det_right = self.det & truth_det[None, :]
 
     def choose(self, rows: np.ndarray, target: float, max_abstention: float
@@ -188,10 +184,10 @@ def cross_fitted(predictions: Sequence[Prediction], records: Sequence[Record],
         threshold, rule = grid.choose(~held, target, max_abstention)
         thresholds.append(threshold)
         rules[rule] += 1
-        for i in np.flatnonzero(held).tolist():
-            lean = _leaning(predictions[i])
-            verdicts[i] = lean if _decides(lean, predictions[i].confidence, threshold) \
-                else "unknown"
+        rows = np.flatnonzero(held).tolist()
+        for i, verdict in zip(rows, _at_threshold([predictions[i] for i in rows], threshold),
+                              strict=True):
+            verdicts[i] = verdict
     metrics = _score(records, verdicts, predictions)
     return {**metrics, "projects": len(thresholds), "target_precision": target,
             "max_abstention": max_abstention,

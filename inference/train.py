@@ -28,7 +28,7 @@ import torch
 from .api import LogWindow
 from .checkpoint import Checkpoint
 from .corpus import TRAIN_FILES, Record, load_records, packaged_path, split_by_source
-from .engine import score_encoded
+from .engine import score_encoded, withheld
 from .features import Encoded, batch_input, encode_window, line_tokens
 from .model import ModelConfig, RecurrentClassifier
 from .preprocess import window_from_text
@@ -148,12 +148,13 @@ def choose_threshold(p_det: Sequence[float], labels: Sequence[int], target_preci
     ``p_det`` are calibrated probabilities of ``deterministic``, ``labels`` verdict indices
     (0 = deterministic). The threshold stops rising before more than ``max_abstention`` of the
     windows would be ``unknown``: a model that abstains on everything protects no one's GPUs.
-    Only deterministic verdicts abstain (:func:`~.engine.at_threshold`).
+    Only deterministic verdicts abstain (:func:`~.engine.withheld`).
     """
     candidates = [round(floor + i * 0.01, 2) for i in range(int(round((0.99 - floor) * 100)) + 1)]
     previous = candidates[0]
     for t in candidates:
-        if sum(0.5 <= p < t for p in p_det) > max_abstention * len(p_det):
+        if sum(withheld(LABELS[0], p, t) for p in p_det if p >= 0.5) > \
+                max_abstention * len(p_det):
             return previous
         decided = [y for p, y in zip(p_det, labels, strict=True) if p >= t]
         if not decided or sum(y == 0 for y in decided) / len(decided) >= target_precision:
