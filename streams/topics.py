@@ -14,7 +14,12 @@ import logging
 import time
 
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
-from aiokafka.errors import KafkaConnectionError, TopicAlreadyExistsError
+from aiokafka.errors import (
+    KafkaConnectionError,
+    KafkaError,
+    KafkaTimeoutError,
+    TopicAlreadyExistsError,
+)
 
 from sibylla.settings import Settings, SettingsError
 
@@ -67,40 +72,62 @@ async def broker_answers(settings: Settings) -> bool:
     return True
 
 
+def _transient(exc: BaseException) -> bool:
+    """Is ``exc`` a broker going away or not ready yet (worth trying again), rather than a
+    refusal that trying again cannot change?"""
+    return isinstance(exc, TimeoutError | KafkaTimeoutError) or (
+        isinstance(exc, KafkaError) and exc.retriable)
+
+
 async def ensure_topics(settings: Settings, wait_s: float = 0.0) -> None:
     """Create missing topics; check partition counts of the co-partitioned ones. ``wait_s``:
-    how long to wait for a broker that does not answer yet."""
-    admin = await _connected_admin(settings, wait_s)
-    try:
-        wanted = [NewTopic(settings.topic(n), settings.partitions, settings.replication_factor)
-                  for n in COPARTITIONED]
-        wanted.append(NewTopic(settings.topic("deadletter"), 1, settings.replication_factor))
-        wanted.append(NewTopic(settings.topic("models"), 1, settings.replication_factor,
-                               topic_configs={"cleanup.policy": "compact"}))
-        wanted += [NewTopic(changelog_topic(settings, t), settings.partitions,
-                            settings.replication_factor,
-                            topic_configs={"cleanup.policy": "compact"}) for t in TABLES]
-        existing = set(await admin.list_topics())
-        missing = [t for t in wanted if t.name not in existing]
-        for topic in missing:
-            try:
-                await admin.create_topics([topic])
-                log.info("created topic %s (%d partitions)", topic.name, topic.num_partitions)
-            except TopicAlreadyExistsError:
-                pass
-        names = [t.name for t in wanted if t.num_partitions == settings.partitions]
-        deadline = time.monotonic() + SETTLE_S
-        while True:
-            counts = {info["topic"]: len(info.get("partitions", []))
-                      for info in await admin.describe_topics(names)}
-            for name, count in counts.items():
-                if count and count != settings.partitions:
-                    raise SettingsError(
-                        f"partitions: topic {name} has {count} partitions, Sibylla is "
-                        f"configured for {settings.partitions}; they must match "
-                        "(co-partitioning)")
-            if all(counts.get(n) for n in names) or time.monotonic() > deadline:
-                return
-            await asyncio.sleep(0.2)  # created, not yet in the metadata
-    finally:
-        await admin.close()
+    how long to wait for a broker that does not answer yet, or that goes away during the
+    check (a worker restarted while the broker restarts met both in the fault campaign)."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        admin = await _connected_admin(settings, max(0.0, deadline - time.monotonic()))
+        try:
+            await _create_and_check(admin, settings)
+            return
+        except (KafkaError, TimeoutError) as exc:
+            if not _transient(exc) or time.monotonic() > deadline:
+                raise
+            log.warning("broker %s went away during the topic check (%r); retrying",
+                        settings.bootstrap_servers, exc)
+        finally:
+            await admin.close()
+        await asyncio.sleep(1.0)
+
+
+async def _create_and_check(admin: AIOKafkaAdminClient, settings: Settings) -> None:
+    """One pass of :func:`ensure_topics` over a connected admin client."""
+    wanted = [NewTopic(settings.topic(n), settings.partitions, settings.replication_factor)
+              for n in COPARTITIONED]
+    wanted.append(NewTopic(settings.topic("deadletter"), 1, settings.replication_factor))
+    wanted.append(NewTopic(settings.topic("models"), 1, settings.replication_factor,
+                           topic_configs={"cleanup.policy": "compact"}))
+    wanted += [NewTopic(changelog_topic(settings, t), settings.partitions,
+                        settings.replication_factor,
+                        topic_configs={"cleanup.policy": "compact"}) for t in TABLES]
+    existing = set(await admin.list_topics())
+    missing = [t for t in wanted if t.name not in existing]
+    for topic in missing:
+        try:
+            await admin.create_topics([topic])
+            log.info("created topic %s (%d partitions)", topic.name, topic.num_partitions)
+        except TopicAlreadyExistsError:
+            pass
+    names = [t.name for t in wanted if t.num_partitions == settings.partitions]
+    deadline = time.monotonic() + SETTLE_S
+    while True:
+        counts = {info["topic"]: len(info.get("partitions", []))
+                  for info in await admin.describe_topics(names)}
+        for name, count in counts.items():
+            if count and count != settings.partitions:
+                raise SettingsError(
+                    f"partitions: topic {name} has {count} partitions, Sibylla is "
+                    f"configured for {settings.partitions}; they must match "
+                    "(co-partitioning)")
+        if all(counts.get(n) for n in names) or time.monotonic() > deadline:
+            return
+        await asyncio.sleep(0.2)  # created, not yet in the metadata

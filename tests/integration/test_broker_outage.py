@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 
 import pytest
+from aiokafka.admin import AIOKafkaAdminClient
 
 from sibylla.brokers.launchers import apache_kafka, tansu
 from sibylla.streams.launch import WorkerProcess
@@ -131,6 +132,60 @@ def test_a_worker_whose_broker_goes_away_during_start_up_waits_and_serves(
         broker_away.join()
         worker.stop()
         gate.close()
+
+
+@only_brokers("tansu", "kafka")
+def test_the_topic_check_of_a_starting_worker_rides_out_a_broker_restart(
+        broker, unique_prefix: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """In the fault campaign a worker restarted while Kafka restarted: its topic check had
+    connected, its next request met a closed connection, and the worker exited (rc 1)
+    instead of waiting the ``broker_wait_s`` it is given. The broker here is a private one,
+    of the session broker's kind, stopped just as the check asks for the topics and started
+    again 2 s later (Tansu comes back empty: the check then creates the topics anew)."""
+    private = (tansu if broker.name == "tansu" else apache_kafka)(tmp_path / "broker")
+    settings = make_settings(private.bootstrap_servers, unique_prefix, tmp_path,
+                             broker_wait_s=120)
+    list_topics = AIOKafkaAdminClient.list_topics
+    restarts: list[threading.Thread] = []
+    done = threading.Event()
+
+    async def broker_restarts_first(self: AIOKafkaAdminClient) -> list[str]:
+        if not restarts:
+            private.stop()
+
+            def start_again() -> None:
+                time.sleep(2.0)
+                private.start()
+                done.wait()  # the broker is told to die with the thread that started it
+            restarts.append(threading.Thread(target=start_again))
+            restarts[0].start()
+        return await list_topics(self)
+
+    private.start()
+    try:
+        with monkeypatch.context() as patch:
+            patch.setattr(AIOKafkaAdminClient, "list_topics", broker_restarts_first)
+            asyncio.run(ensure_topics(settings, settings.broker_wait_s))
+        assert restarts, "the broker was never restarted"
+
+        async def partition_counts() -> dict[str, int]:
+            admin = AIOKafkaAdminClient(bootstrap_servers=private.bootstrap_servers)
+            await admin.start()
+            try:
+                names = [settings.topic("logs"), settings.topic("job-events")]
+                return {info["topic"]: len(info["partitions"])
+                        for info in await admin.describe_topics(names)}
+            finally:
+                await admin.close()
+
+        assert asyncio.run(partition_counts()) == {
+            settings.topic("logs"): settings.partitions,
+            settings.topic("job-events"): settings.partitions}
+    finally:
+        private.stop()
+        done.set()
+        for thread in restarts:
+            thread.join()
 
 
 @only_brokers("tansu", "kafka")
