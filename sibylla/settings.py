@@ -62,8 +62,9 @@ class Settings:
         6000, "Consumer session timeout; a dead worker's partitions move after this.", min=1000
     )
     broker_wait_s: float = setting(
-        120.0, "At start, how long a worker waits for an unreachable broker before it exits "
-        "(a broker restarting is not a reason to crash-loop).", min=0.0
+        120.0, "At start, how long a worker waits for an unreachable broker, or one that goes "
+        "away during its topic check, before it exits (a broker restarting is not a reason to "
+        "crash-loop).", min=0.0
     )
 
     # --- log windows --------------------------------------------------------------------------
