@@ -48,6 +48,7 @@ __all__ = [
     "evidence_hits",
     "format_report",
     "format_table",
+    "headroom",
     "report_from_predictions",
 ]
 
@@ -260,6 +261,26 @@ def classifier_predictions(model: ModelClassifier, records: Sequence[Record],
             **{name: _predict(c, windows) for name, c in baselines.items()}}
 
 
+def headroom(model: Sequence[Prediction], baseline: Sequence[Prediction],
+             records: Sequence[Record]) -> dict[str, Any]:
+    """Where the model without abstention and a baseline err: on the same logs, or each on
+    its own. ``macro_f1_without_own_errors`` is the model's score had it made none of the
+    errors the baseline avoids: the most it can lead the baseline by without getting right a
+    log the baseline gets wrong too (on the real corpus, mostly logs whose symptom reads one
+    way and whose thread resolved the other: an NCCL timeout that was a configuration
+    error)."""
+    both = own = theirs = 0
+    fixed = []
+    for record, ours, base in zip(records, model, baseline, strict=True):
+        ours_wrong, base_wrong = ours.verdict != record.label, base.verdict != record.label
+        both += ours_wrong and base_wrong
+        own += ours_wrong and not base_wrong
+        theirs += base_wrong and not ours_wrong
+        fixed.append(record.label if ours_wrong and not base_wrong else ours.verdict)
+    return {"both_wrong": both, "only_model_wrong": own, "only_baseline_wrong": theirs,
+            "macro_f1_without_own_errors": _score(records, fixed, model)["macro_f1"]}
+
+
 def report_from_predictions(records: Sequence[Record], windows: Sequence[LogWindow],
                             predictions: dict[str, list[Prediction]]) -> dict[str, Any]:
     """Rows, cross-fitted operating points, cost curves and evidence hit rates from every
@@ -286,6 +307,9 @@ def report_from_predictions(records: Sequence[Record], windows: Sequence[LogWind
             "cost_curve": {"model": cost_curve(predictions["model, no abstention"], records),
                            "char tf-idf": cost_curve(
                                predictions["char tf-idf + logistic regression"], records)},
+            "headroom": {"char tf-idf": headroom(
+                predictions["model, no abstention"],
+                predictions["char tf-idf + logistic regression"], records)},
             "evidence": {"model": evidence_hits(evidence_of, records, candidates),
                          "last lines (naive)": evidence_hits(
                              [_last_lines(w) for w in windows], records, candidates)}}
@@ -346,6 +370,11 @@ def format_report(report: dict[str, Any]) -> str:
                        f"[{lo:.3f}, {hi:.3f}] | {pt['wrong_do_not_retry']} | "
                        f"{pt['abstention_rate']:.3f} | {pt['macro_f1']:.3f} |")
     out.append("")
+    for name, h in report["headroom"].items():
+        out.append(f"model without abstention against {name}: both wrong on {h['both_wrong']} "
+                   f"logs, only the model on {h['only_model_wrong']}, only {name} on "
+                   f"{h['only_baseline_wrong']}; without its own errors the model would "
+                   f"score macro-F1 {h['macro_f1_without_own_errors']:.3f}")
     for name, ev in report["evidence"].items():
         lo, hi = ev["hit_rate_ci"]
         out.append(f"evidence hit rate, {name}: {ev['hits']}/{ev['n']} records with a cause "

@@ -31,6 +31,7 @@ from sibylla.inference.evaluate import (
     choose_operating_threshold,
     cross_fitted,
     evidence_hits,
+    headroom,
 )
 from sibylla.inference.metrics import score, wilson_interval
 from sibylla.inference.preprocess import window_from_text
@@ -113,7 +114,8 @@ def test_evaluate_prints_interval_cost_curve_and_evidence(
     data = _write(records, tmp_path / "test.jsonl")
     assert main(["evaluate", "--data", str(data), "--model", str(tiny_path)]) == 0
     out = capsys.readouterr().out
-    for text in ("95 % CI", "cross-fitted threshold", "cost curve, model", "evidence hit rate"):
+    for text in ("95 % CI", "cross-fitted threshold", "cost curve, model", "evidence hit rate",
+                 "without its own errors the model would score"):
         assert text in out
 
 
@@ -220,6 +222,27 @@ def test_a_transient_lean_is_never_abstained_on() -> None:
     assert at_threshold(_prediction("nondeterministic", 0.55), 0.61).verdict == \
         "nondeterministic"
     assert at_threshold(_prediction("deterministic", 0.6), 0.61).verdict == "unknown"
+
+
+def test_headroom_says_how_far_the_model_could_lead_the_baseline() -> None:
+    """A margin over a baseline is bounded by the logs the baseline gets right: the ones both
+    get wrong stay wrong unless the model learns what the baseline cannot."""
+    ours, theirs = _Decided(), _Decided()
+    cases = [("deterministic", "nondeterministic", "nondeterministic"),  # both wrong
+             ("deterministic", "nondeterministic", "deterministic"),  # only the model
+             ("nondeterministic", "nondeterministic", "deterministic"),  # only the baseline
+             ("nondeterministic", "nondeterministic", "nondeterministic"),
+             ("deterministic", "deterministic", "deterministic")]
+    for label, model_says, baseline_says in cases:
+        ours.add(label, model_says, 0.9)
+        theirs.add(label, baseline_says, 0.9)
+    h = headroom(ours.predictions, theirs.predictions, ours.records)
+    assert (h["both_wrong"], h["only_model_wrong"], h["only_baseline_wrong"]) == (1, 1, 1)
+    # Its own error fixed, the model still calls the first log transient: 4 of 5 right.
+    fixed = ["nondeterministic", "deterministic", "nondeterministic", "nondeterministic",
+             "deterministic"]
+    expected = score([r.label for r in ours.records], fixed, ["c"] * 5, ["c"] * 5)
+    assert h["macro_f1_without_own_errors"] == expected["macro_f1"] < 1.0
 
 
 def test_evidence_hits_need_the_cause_line() -> None:
