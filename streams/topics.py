@@ -45,54 +45,46 @@ def changelog_topic(settings: Settings, table: str) -> str:
     return f"{settings.group_id}-{table}-changelog"
 
 
-async def _connected_admin(settings: Settings, wait_s: float) -> AIOKafkaAdminClient:
-    """An admin client, once the broker answers (retried for up to ``wait_s``)."""
-    deadline = time.monotonic() + wait_s
-    while True:
-        admin = AIOKafkaAdminClient(bootstrap_servers=settings.bootstrap_servers,
-                                    **settings.kafka_client_options())
-        try:
-            await admin.start()
-            return admin
-        except KafkaConnectionError:
-            await admin.close()
-            if time.monotonic() > deadline:
-                raise
-            log.warning("broker %s does not answer; retrying", settings.bootstrap_servers)
-            await asyncio.sleep(1.0)
+def _admin(settings: Settings) -> AIOKafkaAdminClient:
+    """An admin client for the broker (not started)."""
+    return AIOKafkaAdminClient(bootstrap_servers=settings.bootstrap_servers,
+                               **settings.kafka_client_options())
 
 
 async def broker_answers(settings: Settings) -> bool:
     """Does the broker answer now (one try)?"""
+    admin = _admin(settings)
     try:
-        admin = await _connected_admin(settings, 0.0)
+        await admin.start()
     except KafkaConnectionError:
         return False
-    await admin.close()
+    finally:
+        await admin.close()
     return True
 
 
 def _transient(exc: BaseException) -> bool:
-    """Is ``exc`` a broker going away or not ready yet (worth trying again), rather than a
-    refusal that trying again cannot change?"""
+    """Is ``exc`` a broker not answering, going away or not ready yet (worth trying again),
+    rather than a refusal that trying again cannot change?"""
     return isinstance(exc, TimeoutError | KafkaTimeoutError) or (
         isinstance(exc, KafkaError) and exc.retriable)
 
 
 async def ensure_topics(settings: Settings, wait_s: float = 0.0) -> None:
     """Create missing topics; check partition counts of the co-partitioned ones. ``wait_s``:
-    how long to wait for a broker that does not answer yet, or that goes away during the
+    how long to keep trying while the broker does not answer yet, or goes away during the
     check (a worker restarted while the broker restarts met both in the fault campaign)."""
     deadline = time.monotonic() + wait_s
     while True:
-        admin = await _connected_admin(settings, max(0.0, deadline - time.monotonic()))
+        admin = _admin(settings)
         try:
+            await admin.start()
             await _create_and_check(admin, settings)
             return
         except (KafkaError, TimeoutError) as exc:
             if not _transient(exc) or time.monotonic() > deadline:
                 raise
-            log.warning("broker %s went away during the topic check (%r); retrying",
+            log.warning("broker %s does not answer or went away (%r); retrying",
                         settings.bootstrap_servers, exc)
         finally:
             await admin.close()
