@@ -153,8 +153,8 @@ def choose_threshold(p_det: Sequence[float], labels: Sequence[int], target_preci
     candidates = [round(floor + i * 0.01, 2) for i in range(int(round((0.99 - floor) * 100)) + 1)]
     previous = candidates[0]
     for t in candidates:
-        if sum(withheld(LABELS[0], p, t) for p in p_det if p >= 0.5) > \
-                max_abstention * len(p_det):
+        abstaining = sum(withheld(LABELS[0], p, t) for p in p_det if p >= 0.5)
+        if abstaining > max_abstention * len(p_det):
             return previous
         decided = [y for p, y in zip(p_det, labels, strict=True) if p >= t]
         if not decided or sum(y == 0 for y in decided) / len(decided) >= target_precision:
