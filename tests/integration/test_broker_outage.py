@@ -15,6 +15,7 @@ import pytest
 from aiokafka.admin import AIOKafkaAdminClient
 
 from sibylla.brokers.launchers import apache_kafka, tansu
+from sibylla.brokers.process import BrokerProcess
 from sibylla.streams.launch import WorkerProcess
 from sibylla.streams.ship import Shipper
 from sibylla.streams.topics import ensure_topics
@@ -80,6 +81,11 @@ class BootstrapGate:
         self.server.close()
 
 
+def _private_broker(session_broker: BrokerProcess, workdir: Path) -> BrokerProcess:
+    """A broker of the session broker's kind for one test to stop and start (not started)."""
+    return (tansu if session_broker.name == "tansu" else apache_kafka)(workdir)
+
+
 def test_a_worker_whose_broker_goes_away_during_start_up_waits_and_serves(
         broker, unique_prefix: str, tmp_path: Path) -> None:
     """faust exits when its first connection fails; the broker can vanish between the
@@ -142,23 +148,22 @@ def test_the_topic_check_of_a_starting_worker_rides_out_a_broker_restart(
     instead of waiting the ``broker_wait_s`` it is given. The broker here is a private one,
     of the session broker's kind, stopped just as the check asks for the topics and started
     again 2 s later (Tansu comes back empty: the check then creates the topics anew)."""
-    private = (tansu if broker.name == "tansu" else apache_kafka)(tmp_path / "broker")
+    private = _private_broker(broker, tmp_path / "broker")
     settings = make_settings(private.bootstrap_servers, unique_prefix, tmp_path,
                              broker_wait_s=120)
     list_topics = AIOKafkaAdminClient.list_topics
-    restarts: list[threading.Thread] = []
     done = threading.Event()
 
-    async def broker_restarts_first(self: AIOKafkaAdminClient) -> list[str]:
-        if not restarts:
-            private.stop()
+    def start_again() -> None:
+        time.sleep(2.0)
+        private.start()
+        done.wait()  # the broker is told to die with the thread that started it
+    restarter = threading.Thread(target=start_again)
 
-            def start_again() -> None:
-                time.sleep(2.0)
-                private.start()
-                done.wait()  # the broker is told to die with the thread that started it
-            restarts.append(threading.Thread(target=start_again))
-            restarts[0].start()
+    async def broker_restarts_first(self: AIOKafkaAdminClient) -> list[str]:
+        if restarter.ident is None:  # the first call only
+            private.stop()
+            restarter.start()
         return await list_topics(self)
 
     private.start()
@@ -166,7 +171,7 @@ def test_the_topic_check_of_a_starting_worker_rides_out_a_broker_restart(
         with monkeypatch.context() as patch:
             patch.setattr(AIOKafkaAdminClient, "list_topics", broker_restarts_first)
             asyncio.run(ensure_topics(settings, settings.broker_wait_s))
-        assert restarts, "the broker was never restarted"
+        assert restarter.ident is not None, "the broker was never restarted"
 
         async def partition_counts() -> dict[str, int]:
             admin = AIOKafkaAdminClient(bootstrap_servers=private.bootstrap_servers)
@@ -184,8 +189,8 @@ def test_the_topic_check_of_a_starting_worker_rides_out_a_broker_restart(
     finally:
         private.stop()
         done.set()
-        for thread in restarts:
-            thread.join()
+        if restarter.ident is not None:
+            restarter.join()
 
 
 @only_brokers("tansu", "kafka")
@@ -196,7 +201,7 @@ def test_a_worker_told_to_stop_while_its_broker_is_gone_exits_at_once(
     Tansu, was lost and the worker started again to wait for the broker; with Apache Kafka,
     whose clients keep retrying, faust waited 60 s for a consumer thread that had ended
     without saying so. The broker here is a private one, of the session broker's kind."""
-    private = (tansu if broker.name == "tansu" else apache_kafka)(tmp_path / "broker")
+    private = _private_broker(broker, tmp_path / "broker")
     with private:
         settings = make_settings(private.bootstrap_servers, unique_prefix, tmp_path,
                                  broker_wait_s=120)
