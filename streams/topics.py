@@ -23,7 +23,8 @@ from aiokafka.errors import (
 
 from sibylla.settings import Settings, SettingsError
 
-__all__ = ["COPARTITIONED", "broker_answers", "changelog_topic", "ensure_topics"]
+__all__ = ["COPARTITIONED", "broker_answers", "changelog_topic", "ensure_topics",
+           "transient_broker_error"]
 
 log = logging.getLogger(__name__)
 
@@ -63,7 +64,7 @@ async def broker_answers(settings: Settings) -> bool:
     return True
 
 
-def _transient(exc: BaseException) -> bool:
+def transient_broker_error(exc: BaseException) -> bool:
     """Is ``exc`` a broker not answering, going away or not ready yet (worth trying again),
     rather than a refusal that trying again cannot change?"""
     return isinstance(exc, TimeoutError | KafkaTimeoutError) or (
@@ -82,7 +83,7 @@ async def ensure_topics(settings: Settings, wait_s: float = 0.0) -> None:
             await _create_and_check(admin, settings)
             return
         except (KafkaError, TimeoutError) as exc:
-            if not _transient(exc) or time.monotonic() > deadline:
+            if not transient_broker_error(exc) or time.monotonic() > deadline:
                 raise
             log.warning("broker %s does not answer or went away (%r); retrying",
                         settings.bootstrap_servers, exc)

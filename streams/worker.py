@@ -36,15 +36,23 @@ from sibylla.streams.app import build_app
 from sibylla.streams.fastpath import SibyllaApp
 from sibylla.streams.readiness import Readiness
 from sibylla.streams.status_page import render_status_page
-from sibylla.streams.topics import broker_answers, ensure_topics
+from sibylla.streams.topics import broker_answers, ensure_topics, transient_broker_error
 
-__all__ = ["build_worker", "run_worker"]
+__all__ = ["build_worker", "next_restarts", "run_worker"]
 
 log = logging.getLogger(__name__)
 
 LAG_EVERY_S = 5.0
 RELIABILITY_EVERY_S = 10.0
 MTTF_JOB_NODES = (1, 16, 128, 1024, 2048)  # job sizes the MTTF gauge is projected for
+# A worker whose faust crashed on the broker, which answers again by the time the worker looks
+# (a blip shorter than faust's shutdown), starts again at once, but at most RESTART_LIMIT times
+# within RESTART_WINDOW_S: a broker that answers at its bootstrap address while the address it
+# advertises cannot be reached would otherwise have the worker start again forever. The times
+# of these restarts travel to the next start in RESTARTS_ENV (exec keeps the environment).
+RESTART_LIMIT = 3
+RESTART_WINDOW_S = 120.0
+RESTARTS_ENV = "SIBYLLA_WORKER_RESTARTS"
 
 
 def _register_pages(pipeline: Pipeline) -> None:
@@ -159,15 +167,51 @@ def build_worker(settings: Settings, classifier: Classifier | Future[Classifier]
     return pipeline
 
 
+def next_restarts(history: str, now: float) -> str | None:
+    """``history`` (:data:`RESTARTS_ENV`'s value: comma-separated ``time.time()`` stamps)
+    with ``now`` added and stamps older than :data:`RESTART_WINDOW_S` dropped; None when the
+    worker has started again :data:`RESTART_LIMIT` times within that window already."""
+    recent = [stamp for stamp in (float(part) for part in history.split(",") if part)
+              if now - stamp < RESTART_WINDOW_S]
+    if len(recent) >= RESTART_LIMIT:
+        return None
+    return ",".join(f"{stamp:.3f}" for stamp in (*recent, now))
+
+
+def _start_again_after_crash(settings: Settings, crash: BaseException | None) -> None:
+    """Exec the worker anew (same PID, fresh state) when it crashed on the broker; return
+    when that cannot help, for the crash to end the process.
+
+    While the broker does not answer, the next start waits up to ``broker_wait_s`` for it in
+    its topic check, as a supervisor would restart the worker. A broker that answers again
+    after a crash on a transient broker error (faust's first connection refused during a blip)
+    gets a start at once, within the restart budget."""
+    if not asyncio.run(broker_answers(settings)):
+        log.warning("the broker %s does not answer; starting again once it does",
+                    settings.bootstrap_servers)
+    elif crash is not None and transient_broker_error(crash):
+        restarts = next_restarts(os.environ.get(RESTARTS_ENV, ""), time.time())
+        if restarts is None:
+            log.error("faust failed on the broker %s again (%r); not starting again: %d "
+                      "restarts within %.0f s", settings.bootstrap_servers, crash,
+                      RESTART_LIMIT, RESTART_WINDOW_S)
+            return
+        os.environ[RESTARTS_ENV] = restarts
+        log.warning("faust failed on the broker %s (%r), which answers now; starting again "
+                    "(restart %d of at most %d within %.0f s)", settings.bootstrap_servers,
+                    crash, restarts.count(",") + 1, RESTART_LIMIT, RESTART_WINDOW_S)
+    else:
+        return
+    os.execv(sys.executable, [sys.executable, *sys.orig_argv[1:]])
+
+
 def run_worker(settings: Settings, classifier: Classifier | None = None) -> int:
     """Run a worker until SIGINT/SIGTERM. Blocks.
 
-    A worker that fails while the broker does not answer starts again in the same process
-    (exec: same PID, fresh state), which first waits up to ``broker_wait_s`` for the broker,
-    as a supervisor would restart it. faust exits when its first connection fails, and the
-    broker can go away between the topic check and that connection (seen in the fault
-    campaign); once running, faust rides out a broker restart by itself. A worker told to
-    stop while it fails exits instead."""
+    faust exits when its first connection fails, and the broker can go away between the topic
+    check and that connection (seen in the fault campaign); once running, faust rides out a
+    broker restart by itself. A worker that crashes so starts again in the same process
+    (:func:`_start_again_after_crash`); one told to stop while it fails exits instead."""
     asyncio.run(ensure_topics(settings, settings.broker_wait_s))
     settings.data_dir.mkdir(parents=True, exist_ok=True)
     model: Classifier | Future[Classifier] = classifier if classifier is not None else Future()
@@ -182,11 +226,10 @@ def run_worker(settings: Settings, classifier: Classifier | None = None) -> int:
         worker.execute_from_commandline()
     except SystemExit as exit_:
         # A SIGTERM or SIGINT taken while faust stopped after the failure is an order to
-        # stop: mode records its time, and the crash is re-raised over it.
-        told_to_stop = worker._signal_stop_time is not None
-        if exit_.code and not told_to_stop and not asyncio.run(broker_answers(settings)):
-            log.warning("the broker %s does not answer; starting again once it does",
-                        settings.bootstrap_servers)
-            os.execv(sys.executable, [sys.executable, *sys.orig_argv[1:]])
+        # stop: mode records its time, and the crash is re-raised over it. What failed is a
+        # crash of a service (its reason), or an exception out of the start, which mode turns
+        # into this exit while handling it (its context).
+        if exit_.code and worker._signal_stop_time is None:
+            _start_again_after_crash(settings, worker.crash_reason or exit_.__context__)
         raise
     return 0

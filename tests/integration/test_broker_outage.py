@@ -29,7 +29,7 @@ from tests.integration.fixtures import (
 
 pytestmark = pytest.mark.integration
 
-RESTARTING = "starting again once it does"  # the worker's log line
+RESTARTING = "starting again"  # in both of the worker's log lines that say so
 
 
 class BootstrapGate:
@@ -45,6 +45,7 @@ class BootstrapGate:
         self.open = threading.Event()
         self.open.set()
         self.connections = 0  # accepted so far; the n-th is numbered n
+        self.refused = 0  # of those, closed at once while shut
         self.ended: set[int] = set()  # the numbers of relayed connections the client closed
         threading.Thread(target=self._accept, daemon=True).start()
 
@@ -57,6 +58,7 @@ class BootstrapGate:
             self.connections += 1
             if not self.open.is_set():
                 client.close()
+                self.refused += 1
                 continue
             upstream = socket.create_connection(self.target)
             number = self.connections
@@ -86,11 +88,14 @@ def _private_broker(session_broker: BrokerProcess, workdir: Path) -> BrokerProce
     return (tansu if session_broker.name == "tansu" else apache_kafka)(workdir)
 
 
+@pytest.mark.parametrize("outage", ["until noticed", "one refused connection"])
 def test_a_worker_whose_broker_goes_away_during_start_up_waits_and_serves(
-        broker, unique_prefix: str, tmp_path: Path) -> None:
+        broker, unique_prefix: str, tmp_path: Path, outage: str) -> None:
     """faust exits when its first connection fails; the broker can vanish between the
     worker's topic check and that connection (seen in the fault campaign, where the worker
-    then stayed down until a supervisor restarted it). Now it starts again by itself."""
+    then stayed down until a supervisor restarted it). Now it starts again by itself: after
+    waiting for the broker while it stays away, and at once when it is back before the
+    worker looks (a worker exited rc 1 on such a blip)."""
     gate = BootstrapGate(broker.bootstrap_servers)
     settings = make_settings(gate.address, unique_prefix, tmp_path, broker_wait_s=120)
     asyncio.run(ensure_topics(settings))
@@ -100,25 +105,30 @@ def test_a_worker_whose_broker_goes_away_during_start_up_waits_and_serves(
     def log_text() -> str:  # the whole log: the line may have left the tail
         return worker.log_path.read_text(errors="replace") if worker.log_path.exists() else ""
 
-    def outage() -> None:
+    def away() -> None:
         # The worker's topic check bootstraps through the gate and closes that connection
         # once it has the broker's own address (aiokafka does), before faust starts; shut
         # the gate then, so that faust's first connection finds no broker; open it again a
-        # while after the worker noticed. (Shutting it a fixed time after the topic check
-        # opened its connection raced a worker that was through faust's bootstrap by then.)
+        # while after the worker noticed, or as soon as it refused that connection. (Shutting
+        # it a fixed time after the topic check opened its connection raced a worker that
+        # was through faust's bootstrap by then.)
         deadline = time.monotonic() + 60
         while workers_first not in gate.ended and time.monotonic() < deadline:
             time.sleep(0.001)
         gate.open.clear()
         deadline = time.monotonic() + 90
-        while RESTARTING not in log_text() and time.monotonic() < deadline:
-            time.sleep(0.1)
-        time.sleep(2.0)
+        if outage == "one refused connection":
+            while not gate.refused and time.monotonic() < deadline:
+                time.sleep(0.001)
+        else:
+            while RESTARTING not in log_text() and time.monotonic() < deadline:
+                time.sleep(0.1)
+            time.sleep(2.0)
         gate.open.set()
 
     # (The worker is started from this thread: it is told to die with the thread that
     # started it.)
-    broker_away = threading.Thread(target=outage)
+    broker_away = threading.Thread(target=away)
     broker_away.start()
     try:
         worker.start(ready_timeout_s=180)
