@@ -1,7 +1,7 @@
-"""The shipped rsyslog config (deploy/rsyslog) tails Slurm output files into sibylla.logs, and a
-worker decides on what it shipped. Also pins down which brokers Debian's librdkafka 2.0.2
-(rsyslog's omkafka, syslog-ng, kcat) can talk to. Skipped only where rsyslog's Kafka module or
-kcat is missing (``.ci/run`` installs them)."""
+"""The shipped tailer configs (deploy/rsyslog, deploy/syslog-ng) ship Slurm output files to
+sibylla.logs, and a worker decides on what they shipped. Also pins down which brokers Debian's
+librdkafka 2.0.2 (rsyslog's omkafka, syslog-ng's kafka-c, kcat) can talk to. Skipped only where
+a tailer or kcat is missing (``deploy/test-packages.sh`` installs them)."""
 
 from __future__ import annotations
 
@@ -29,36 +29,67 @@ from tests.integration.fixtures import (
 )
 
 ROOT = Path(__file__).resolve().parents[2]
-CONFIG = ROOT / "deploy" / "rsyslog" / "sibylla-slurm.conf"
 OMKAFKA = Path("/usr/lib/x86_64-linux-gnu/rsyslog/omkafka.so")
+# syslog-ng and rsyslog exclude each other as Debian packages: deploy/test-packages.sh unpacks
+# syslog-ng here (a syslog-ng installed the usual way is used when there is one).
+SYSLOG_NG_UNPACKED = Path("/opt/sibylla-test/syslog-ng")
 
 pytestmark = pytest.mark.integration
 
-needs_rsyslog = pytest.mark.skipif(
-    shutil.which("rsyslogd") is None or not OMKAFKA.exists(),
-    reason="rsyslog with omkafka is not installed (apt-get install rsyslog rsyslog-kafka)")
 needs_kcat = pytest.mark.skipif(shutil.which("kcat") is None,
                                 reason="kcat is not installed (apt-get install kcat)")
 
 
-@pytest.fixture
-def rsyslogd(tmp_path: Path, unique_prefix: str, broker: object
-             ) -> Iterator[tuple[Path, Settings]]:
-    """rsyslogd with the shipped config, tailing ``<tmp>/out/*.out``; its settings."""
+def _rsyslogd(out: Path, work: Path, env: dict[str, str]) -> list[str]:
+    """rsyslogd's command line with the shipped config, after checking the config."""
+    config = ROOT / "deploy" / "rsyslog" / "sibylla-slurm.conf"
+    if shutil.which("rsyslogd") is None or not OMKAFKA.exists():
+        pytest.skip("rsyslog with omkafka is not installed (apt-get install rsyslog "
+                    "rsyslog-kafka)")
+    env.update(SIBYLLA_OUTPUT_GLOB=f"{out}/*.out", SIBYLLA_WORK_DIR=str(work))
+    check = subprocess.run(["rsyslogd", "-N1", "-f", str(config)], env=env,
+                           capture_output=True, text=True, check=False)
+    assert check.returncode == 0, check.stderr
+    return ["rsyslogd", "-n", "-f", str(config), "-i", str(work / "pid")]
+
+
+def _syslog_ng(out: Path, work: Path, env: dict[str, str]) -> list[str]:
+    """syslog-ng's command line with the shipped config, after checking the config."""
+    config = ROOT / "deploy" / "syslog-ng" / "sibylla-slurm.conf"
+    kafka_c = [*Path("/").glob("usr/lib/syslog-ng/*/libkafka.so"),
+               *SYSLOG_NG_UNPACKED.glob("usr/lib/syslog-ng/*/libkafka.so")]
+    if not kafka_c:
+        pytest.skip("syslog-ng with kafka-c is not installed (deploy/test-packages.sh unpacks "
+                    "syslog-ng-core and syslog-ng-mod-rdkafka)")
+    modules = kafka_c[0].parent
+    root = modules.parents[3]
+    env.update(SIBYLLA_OUTPUT_DIR=str(out), SIBYLLA_OUTPUT_PATTERN="*.out",
+               LD_LIBRARY_PATH=str(modules.parent))
+    command = [str(root / "usr/sbin/syslog-ng"), "-f", str(config), f"--module-path={modules}"]
+    check = subprocess.run([*command, "--syntax-only"], env=env, capture_output=True,
+                           text=True, check=False)
+    assert check.returncode == 0, check.stderr
+    return [*command, "-F", f"--persist-file={work / 'persist'}",
+            f"--pidfile={work / 'pid'}", f"--control={work / 'ctl'}"]
+
+
+TAILERS = {"rsyslog": _rsyslogd, "syslog-ng": _syslog_ng}
+
+
+@pytest.fixture(params=sorted(TAILERS))
+def tailer(request: pytest.FixtureRequest, tmp_path: Path, unique_prefix: str,
+           broker: object) -> Iterator[tuple[Path, Settings]]:
+    """A tailer with its shipped config, following ``<tmp>/out/*.out``; its settings."""
     settings = make_settings(broker.bootstrap_servers,  # type: ignore[attr-defined]
                              unique_prefix, tmp_path)
-    out, work = tmp_path / "out", tmp_path / "rsyslog"
+    out, work = tmp_path / "out", tmp_path / "tailer"
     out.mkdir()
     work.mkdir()
     env = {**os.environ, "SIBYLLA_BOOTSTRAP_SERVERS": settings.bootstrap_servers,
-           "SIBYLLA_TOPIC": settings.topic("logs"), "SIBYLLA_OUTPUT_GLOB": f"{out}/*.out",
-           "SIBYLLA_WORK_DIR": str(work)}
-    check = subprocess.run(["rsyslogd", "-N1", "-f", str(CONFIG)], env=env,
-                           capture_output=True, text=True, check=False)
-    assert check.returncode == 0, check.stderr
-    log = open(tmp_path / "rsyslogd.log", "ab")  # noqa: SIM115
-    proc = subprocess.Popen(["rsyslogd", "-n", "-f", str(CONFIG), "-i", str(work / "pid")],
-                            env=env, stdout=log, stderr=subprocess.STDOUT)
+           "SIBYLLA_TOPIC": settings.topic("logs")}
+    command = TAILERS[request.param](out, work, env)
+    log = open(tmp_path / "tailer.log", "ab")  # noqa: SIM115
+    proc = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT)
     try:
         yield out, settings
     finally:
@@ -83,14 +114,13 @@ async def _records(settings: Settings, expected: int, timeout_s: float = 60.0) -
     return found
 
 
-@needs_rsyslog
 @only_brokers("kafka")
-def test_rsyslog_ships_slurm_output_files_to_the_jobs_partition_and_the_worker_decides(
-        rsyslogd: tuple[Path, Settings], tmp_path: Path) -> None:
-    out, settings = rsyslogd
+def test_a_tailer_ships_slurm_output_files_to_the_jobs_partition_and_the_worker_decides(
+        tailer: tuple[Path, Settings], tmp_path: Path) -> None:
+    out, settings = tailer
     worker = start_worker(settings, tmp_path)
     try:
-        time.sleep(1.0)  # imfile watches the glob from its start: files appear after it
+        time.sleep(1.0)  # the tailers watch the directory from their start: files come after
         jobs = {str(job_id): f"train-{job_id}.out" for job_id in (1001, 1002, 1003, 1004)}
         for name in jobs.values():
             (out / name).write_text(NONDETERMINISTIC_LOG + "\n")
