@@ -37,7 +37,7 @@ def register(subparsers: Any) -> None:
     evaluate = subparsers.add_parser(
         "evaluate", help="score the model and the baselines on a corpus file",
         description="Accuracy, macro-F1, per-class precision/recall, deterministic precision "
-                    "(with its 95%% Wilson interval) at the operating threshold and at a "
+                    "(with its 95 % Wilson interval) at the operating threshold and at a "
                     "threshold cross-fitted by project, abstention, the cost curve, the evidence "
                     "hit rate on records with a cause line, confusion matrix and per-category "
                     "accuracy of the model and of every baseline.")
