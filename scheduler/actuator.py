@@ -18,7 +18,10 @@ rebalance does nothing twice:
   skipped with the reason.
 
 Each decision handled writes one JSON audit line. Offsets are committed after the action, so a
-crash replays at most the decision in hand, which the checks above make harmless.
+crash replays at most the decision in hand, which the checks above make harmless. While
+slurmctld does not answer (restarting, failing over, an upgrade) the decision in hand waits for
+it, however long: given up after a few tries, as scontrol's refusals are, it would be lost to
+the scheduler by a controller restart longer than ~20 s.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import sys
+import threading
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -38,7 +42,8 @@ from sibylla.scheduler.scontrol import Scontrol, SlurmError, timestamp
 from sibylla.schemas.records import Decision, RecordError
 from sibylla.settings import Settings
 
-__all__ = ["Actuator", "Plan", "plan", "run_actuator"]
+__all__ = ["Actuator", "ActuatorStopped", "Plan", "controller_unreachable", "plan",
+           "run_actuator"]
 
 log = logging.getLogger(__name__)
 
@@ -46,7 +51,13 @@ _FINISHED_FAILED = frozenset({"FAILED", "TIMEOUT", "OUT_OF_MEMORY", "NODE_FAIL",
                               "DEADLINE"})
 _REQUEUED_BY_SLURM = frozenset({"NODE_FAIL"})
 _CLOCK_SLACK_S = 5.0  # controller and worker clocks may differ this much
-_TRIES = 3  # scontrol failures per decision before it is reported failed and left
+_TRIES = 3  # scontrol refusals per decision before it is reported failed and left
+# What scontrol says when slurmctld does not answer, rather than refuses (Slurm 22.05 with the
+# controller down: "slurm_load_jobs error: Unable to contact slurm controller (connect
+# failure)" after ~18 s, so usually our own timeout first).
+_UNREACHABLE = ("Unable to contact slurm controller", "no answer within", "Socket timed out",
+                "backup controller in standby mode")
+_MAX_BACKOFF_S = 30.0  # the longest wait between tries while slurmctld does not answer
 # Seconds after the update before a requeued job may start, not 0 ("now"). slurmd revokes a
 # job's credential when the job ends and refuses any credential of that job created in the
 # same second or earlier (slurm_cred.c compares whole seconds): a retry started at once on
@@ -120,15 +131,30 @@ def plan(decision: Decision, job: Mapping[str, str] | None, settings: Settings) 
                     f"{attempt} (already handled, or moved on)")
 
 
+def controller_unreachable(error: SlurmError) -> bool:
+    """Did scontrol fail because slurmctld did not answer (worth waiting for), rather than
+    because it refused the command?"""
+    return any(sign in str(error) for sign in _UNREACHABLE)
+
+
+class ActuatorStopped(Exception):
+    """The actuator was told to stop while a decision waited for slurmctld; the decision is
+    not committed and comes again at the next start."""
+
+
 class Actuator:
-    """Applies decisions one at a time; ``audit`` gets one JSON line per decision."""
+    """Applies decisions one at a time; ``audit`` gets one JSON line per decision.
+
+    ``sleep`` waits between tries (by default until :attr:`stopping` is set, so that a stop
+    ends a wait for slurmctld at once)."""
 
     def __init__(self, settings: Settings, scontrol: Scontrol, audit: IO[bytes],
-                 sleep: Callable[[float], Any] = time.sleep) -> None:
+                 sleep: Callable[[float], Any] | None = None) -> None:
         self.settings = settings
         self.scontrol = scontrol
         self.audit = audit
-        self.sleep = sleep
+        self.stopping = threading.Event()
+        self.sleep = sleep if sleep is not None else self.stopping.wait
 
     def _settled(self, job_id: str) -> dict[str, str] | None:
         """The job once it has left COMPLETING (its epilog may still be running), or as it is
@@ -149,7 +175,9 @@ class Actuator:
             "action": decision.action, "rule": decision.rule, "verdict": decision.verdict,
             "category": decision.category, "commands": [],
         }
-        for tries in range(1, _TRIES + 1):
+        tries = refused = 0
+        while True:
+            tries += 1
             try:
                 # Planned anew on each try: a half-applied plan (requeued, not yet released)
                 # is seen as such and not requeued twice (Slurm then starts it after 120 s).
@@ -165,10 +193,21 @@ class Actuator:
                         self.scontrol.run(command)
                     record["outcome"] = "applied"
                 break
-            except SlurmError as exc:  # slurmctld busy or restarting: try again, then report
-                record.update(outcome="failed", why=str(exc), tries=tries)
-                if tries < _TRIES:
-                    self.sleep(_BACKOFF_S * 2 ** (tries - 1))
+            except SlurmError as exc:
+                record.update(tries=tries, last_error=str(exc))
+                if controller_unreachable(exc):
+                    if self.stopping.is_set():
+                        raise ActuatorStopped(decision.job_id) from exc
+                    wait = min(_BACKOFF_S * 2 ** (tries - refused - 1), _MAX_BACKOFF_S)
+                    log.warning("slurm actuator: slurmctld does not answer (%s); job %s "
+                                "waits, trying again in %g s", exc, decision.job_id, wait)
+                else:  # refused: try again a few times (a busy controller), then report
+                    refused += 1
+                    if refused == _TRIES:
+                        record.update(outcome="failed", why=record.pop("last_error"))
+                        break
+                    wait = _BACKOFF_S * 2 ** (refused - 1)
+                self.sleep(wait)
         self.audit.write(orjson.dumps(record) + b"\n")
         self.audit.flush()
         return record
@@ -196,6 +235,7 @@ async def run_actuator(settings: Settings) -> int:
                     await consumer.commit({TopicPartition(tp.topic, tp.partition):
                                            message.offset + 1})
     finally:
+        actuator.stopping.set()  # a decision waiting for slurmctld stops waiting
         await consumer.stop()
         if out is not sys.stdout.buffer:
             out.close()

@@ -66,6 +66,17 @@ class SlurmCluster:
         self._wait(self._all_idle, 60, "both nodes idle in sinfo")
         return self
 
+    def stop_controller(self) -> None:
+        """Stop slurmctld (SIGTERM: it saves its state, as in a restart or an upgrade)."""
+        controller = next(p for p in self.procs if p.args[0] == "slurmctld")
+        stop_process_group(controller, 10.0)
+        self.procs.remove(controller)
+
+    def start_controller(self) -> None:
+        """Start slurmctld again on its saved state; returns once both nodes are idle."""
+        self._spawn(["slurmctld", "-i", "-D"], "slurmctld")
+        self._wait(self._all_idle, 60, "both nodes idle in sinfo after the restart")
+
     def stop(self) -> None:
         for proc in reversed(self.procs):
             stop_process_group(proc, 10.0)

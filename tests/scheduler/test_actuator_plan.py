@@ -8,8 +8,8 @@ import io
 import orjson
 import pytest
 
-from sibylla.scheduler.actuator import Actuator, plan
-from sibylla.scheduler.scontrol import Scontrol
+from sibylla.scheduler.actuator import Actuator, ActuatorStopped, plan
+from sibylla.scheduler.scontrol import Scontrol, SlurmError
 from sibylla.schemas.records import Decision
 from sibylla.settings import Settings
 
@@ -91,3 +91,28 @@ def test_when_scontrol_keeps_failing_the_decision_is_reported_failed_after_retri
     assert "scontrol show job -o 42" in record["why"]
     assert waits == [1.0, 2.0]
     assert orjson.loads(audit.getvalue())["outcome"] == "failed"
+
+
+class _ControllerDown(Scontrol):
+    """scontrol as it fails while slurmctld is down: no answer within its timeout."""
+
+    def run(self, args: list[str]) -> str:  # type: ignore[override]
+        raise SlurmError(f"scontrol {' '.join(args)}: no answer within 5 s")
+
+
+def test_while_slurmctld_does_not_answer_a_decision_waits_until_the_actuator_stops() -> None:
+    """Never reported failed (its offset would be committed and the job never retried);
+    a stop ends the wait without an audit line, so the decision comes again at the next
+    start."""
+    audit, waits = io.BytesIO(), []
+    actuator = Actuator(SETTINGS, _ControllerDown(), audit)
+
+    def sleep(seconds: float) -> None:
+        waits.append(seconds)
+        if len(waits) == 8:
+            actuator.stopping.set()
+    actuator.sleep = sleep
+    with pytest.raises(ActuatorStopped):
+        actuator.apply(_decision("retry"))
+    assert waits == [1.0, 2.0, 4.0, 8.0, 16.0, 30.0, 30.0, 30.0]
+    assert audit.getvalue() == b""

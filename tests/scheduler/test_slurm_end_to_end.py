@@ -5,6 +5,7 @@ job failed. Skipped only where Slurm's binaries are missing (``.ci/run`` install
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import dataclasses
 import io
 import os
@@ -18,6 +19,7 @@ import orjson
 import pytest
 
 from sibylla.scheduler.actuator import Actuator
+from sibylla.scheduler.scontrol import Scontrol
 from sibylla.schemas.records import Decision
 from sibylla.settings import Settings
 from tests.integration.fixtures import (
@@ -285,3 +287,30 @@ def test_a_retry_on_the_node_the_job_just_failed_on_runs(cluster: SlurmCluster) 
         assert output.count("ran on node1") == 2, (output, job, cluster.logs())
     finally:
         cluster.resume_nodes()
+
+
+def test_a_decision_made_while_slurmctld_restarts_waits_for_it_and_is_applied(
+        cluster: SlurmCluster) -> None:
+    """A controller restart (an upgrade, a failover, a crash) outlasted the actuator's three
+    tries (each scontrol call bounded by ``slurm_command_timeout_s``): the decision was
+    audited ``failed``, its offset committed, and the job never retried. Now it waits."""
+    cluster.configure_epilog({})
+    job_id = cluster.sbatch(_print(NONDETERMINISTIC_LOG) + "exit 1\n", "waits")
+    cluster.wait_job(job_id, lambda j: j["JobState"] == "FAILED")
+    decision = Decision(job_id, 0, "nondeterministic", 0.99, "collective_timeout", "retry", [],
+                        [], "m", time.time(), 1.0, state="FAILED")
+    # Each call fails within 2 s while the controller is down: three tries took ~9 s.
+    scontrol = Scontrol("scontrol", 2.0, {"SLURM_CONF": str(cluster.conf)})
+    actuator = Actuator(Settings.from_env({}), scontrol, io.BytesIO())
+    cluster.stop_controller()
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        try:
+            applying = pool.submit(actuator.apply, decision)
+            time.sleep(15.0)
+            assert not applying.done(), applying.result()
+        finally:
+            cluster.start_controller()
+        record = applying.result(timeout=90)
+    assert record["outcome"] == "applied", record
+    assert record["tries"] > 3 and "no answer within" in record["last_error"]
+    cluster.wait_job(job_id, lambda j: j["JobState"] == "FAILED" and j["Restarts"] == "1")
