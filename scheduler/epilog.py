@@ -14,7 +14,10 @@ attempt and is shipped from its start.
 
 The hook runs inside slurmctld's epilog thread: every scontrol call is bounded, the whole run
 is bounded by ``slurm_epilog_timeout_s``, and a failure exits non-zero with one line on stderr
-(slurmctld logs it) without touching the job.
+(slurmctld logs it) without touching the job. An attempt the broker did not take within the
+bound (away, restarting) is kept in a spool (:mod:`sibylla.scheduler.spool`) that every later
+run publishes after its own attempt: a failure that ends during a broker outage is still
+decided, later.
 """
 
 from __future__ import annotations
@@ -32,12 +35,14 @@ from pathlib import Path
 import orjson
 
 from sibylla.scheduler.scontrol import Scontrol, SlurmError
+from sibylla.scheduler.spool import Shipment, Spool
 from sibylla.schemas.records import JobEvent
 from sibylla.settings import Settings
-from sibylla.streams.ship import Shipper
+from sibylla.streams.ship import DeliveryError, Shipper
+from sibylla.streams.topics import transient_broker_error
 
-__all__ = ["Attempt", "OutputCursor", "attempt_from_env", "derive_state", "expand_path",
-           "publish_attempt", "read_part", "run_epilog"]
+__all__ = ["Attempt", "OutputCursor", "Spooled", "attempt_from_env", "broker_away",
+           "derive_state", "expand_path", "publish", "read_attempt", "read_part", "run_epilog"]
 
 log = logging.getLogger(__name__)
 
@@ -222,15 +227,14 @@ def attempt_from_env(env: Mapping[str, str], scontrol: Scontrol) -> Attempt:
     return Attempt(event, outputs)
 
 
-async def publish_attempt(settings: Settings, attempt: Attempt) -> int:
-    """Ship a failed attempt's output (LogBatch records, the last ``eos``), then its JobEvent.
-    Returns the lines shipped. A completed attempt ships no lines, only its event. The event
-    goes out only once the broker holds the lines, and the cursors move only once it holds
-    everything (:class:`~sibylla.streams.ship.DeliveryError` otherwise: nothing is reported
-    shipped that was not)."""
+def read_attempt(settings: Settings, attempt: Attempt
+                 ) -> tuple[Shipment, list[tuple[OutputCursor, Path, int]]]:
+    """What to publish for ``attempt``, and the cursors to save once it is safe: a failed
+    attempt's new output lines by stream (a bare end-of-stream mark when there are none, so
+    the worker decides without waiting); a completed one ships no lines, only its event."""
     event = attempt.event
-    parts: list[tuple[str, list[str]]] = []
-    shipped: list[tuple[OutputCursor, Path, int]] = []
+    parts: list[tuple[str, tuple[str, ...]]] = []
+    cursors: list[tuple[OutputCursor, Path, int]] = []
     for stream, output in attempt.outputs.items():
         cursor = OutputCursor(settings.slurm_epilog_state_dir, event.job_id, stream)
         if not event.failed:
@@ -238,38 +242,99 @@ async def publish_attempt(settings: Settings, attempt: Attempt) -> int:
         elif output.is_file():
             lines, end = read_part(output, cursor.start(output),
                                    settings.slurm_epilog_max_bytes, settings.max_line_bytes)
-            parts.append((stream, lines))
-            shipped.append((cursor, output, end))
+            parts.append((stream, tuple(lines)))
+            cursors.append((cursor, output, end))
     if event.failed and not parts:
-        parts = [("stdout", [])]  # a bare end-of-stream mark: decide without waiting
+        parts = [("stdout", ())]
+    return Shipment(event, tuple(parts)), cursors
+
+
+async def publish(shipper: Shipper, shipment: Shipment) -> int:
+    """Ship an attempt's lines (LogBatch records, the last ``eos``), then its JobEvent once the
+    broker holds the lines; the lines shipped. :class:`~sibylla.streams.ship.DeliveryError`
+    when the broker refused any."""
+    event = shipment.event
     host = event.nodes[0] if event.nodes else None
-    timeout_ms = int(settings.slurm_epilog_timeout_s * 1000)
-    async with Shipper(settings, request_timeout_ms=timeout_ms) as shipper:
-        for i, (stream, lines) in enumerate(parts):
-            await shipper.send_lines(event.job_id, lines, event.attempt,
-                                     eos=i == len(parts) - 1, stream=stream, host=host)
-        # The termination only once the broker holds the lines: the worker decides when it
-        # sees it, and must never decide on a log still in flight or refused.
-        await shipper.flush()
-        await shipper.send_event(event)
-        await shipper.flush()
-    for cursor, output, end in shipped:
-        cursor.save(output, end)
-    return sum(len(lines) for _, lines in parts)
+    for i, (stream, lines) in enumerate(shipment.parts):
+        await shipper.send_lines(event.job_id, lines, event.attempt,
+                                 eos=i == len(shipment.parts) - 1, stream=stream, host=host)
+    # The termination only once the broker holds the lines: the worker decides when it
+    # sees it, and must never decide on a log still in flight or refused.
+    await shipper.flush()
+    await shipper.send_event(event)
+    await shipper.flush()
+    return sum(len(lines) for _, lines in shipment.parts)
+
+
+def broker_away(exc: BaseException) -> bool:
+    """Did publishing fail because the broker did not answer in time (worth keeping for a
+    later run), rather than because it refused the records (which it always will)?"""
+    if isinstance(exc, DeliveryError) and exc.__cause__ is not None:
+        return broker_away(exc.__cause__)
+    return transient_broker_error(exc)
+
+
+async def _publish_spooled(settings: Settings, spool: Spool, deadline: float) -> int:
+    """Publish what the spool holds, oldest first, until it is empty or ``deadline``; the
+    attempts published. Errors end it quietly: what is left stays for the next run."""
+    done = 0
+    try:
+        async with Shipper(settings, request_timeout_ms=_timeout_ms(deadline)) as shipper:
+            for path in spool.paths():
+                if time.monotonic() >= deadline:
+                    break
+                shipment = spool.load(path)
+                if shipment is not None:
+                    await asyncio.wait_for(publish(shipper, shipment),
+                                           deadline - time.monotonic())
+                    path.unlink()
+                    done += 1
+    except Exception as exc:  # noqa: BLE001 - the spool waits for the next run
+        log.warning("spooled attempts left for a later run: %s: %s", type(exc).__name__, exc)
+    return done
+
+
+def _timeout_ms(deadline: float) -> int:
+    return max(1, int((deadline - time.monotonic()) * 1000))
+
+
+class Spooled(RuntimeError):
+    """The broker was away: the attempt is kept in the spool for a later epilog run."""
 
 
 def run_epilog(settings: Settings, env: Mapping[str, str]) -> str:
-    """Publish the attempt in ``env``, all within ``slurm_epilog_timeout_s`` (scontrol calls
-    included); a one-line summary. :class:`TimeoutError` past the bound."""
+    """Publish the attempt in ``env``, then what earlier runs spooled, all within
+    ``slurm_epilog_timeout_s`` (scontrol calls included); a one-line summary.
+
+    An attempt the broker did not take in time is spooled (:class:`Spooled`); one it refused
+    is not (the error propagates, nothing is saved), as it would be refused again."""
     deadline = time.monotonic() + settings.slurm_epilog_timeout_s
     scontrol = Scontrol(settings.slurm_scontrol,
                         min(settings.slurm_command_timeout_s, settings.slurm_epilog_timeout_s))
     attempt = attempt_from_env(env, scontrol)
-    left = deadline - time.monotonic()
-    if left <= 0:
+    if time.monotonic() >= deadline:
         raise TimeoutError("scontrol took the whole epilog time")
-    shipped = asyncio.run(asyncio.wait_for(publish_attempt(settings, attempt), left))
+    shipment, cursors = read_attempt(settings, attempt)
+    spool = Spool(settings.slurm_epilog_state_dir / "spool")
+
+    async def publish_attempt() -> int:
+        async with Shipper(settings, request_timeout_ms=_timeout_ms(deadline)) as shipper:
+            return await publish(shipper, shipment)
+
     e = attempt.event
+    try:
+        shipped = asyncio.run(asyncio.wait_for(publish_attempt(), deadline - time.monotonic()))
+    except Exception as exc:
+        if not broker_away(exc):
+            raise
+        path = spool.put(shipment)
+        for cursor, output, end in cursors:  # the spool holds these lines now
+            cursor.save(output, end)
+        raise Spooled(f"broker away ({type(exc).__name__}: {exc}); job {e.job_id} attempt "
+                      f"{e.attempt} kept in {path} for a later epilog run") from exc
+    for cursor, output, end in cursors:
+        cursor.save(output, end)
+    late = asyncio.run(_publish_spooled(settings, spool, deadline)) if spool.paths() else 0
     return (f"sibylla epilog: job {e.job_id} attempt {e.attempt} {e.state} "
             f"(exit {e.exit_code}:{e.signal}) on {','.join(e.nodes) or '-'}: "
-            f"{shipped} lines shipped")
+            f"{shipped} lines shipped" + (f"; {late} spooled attempt(s) published" if late else ""))

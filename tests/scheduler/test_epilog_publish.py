@@ -5,6 +5,7 @@ it still publishes when scontrol does not answer."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import os
 import subprocess
 import sys
@@ -26,13 +27,13 @@ from tests.integration.fixtures import (
 pytestmark = pytest.mark.integration
 
 
-def _epilog(settings: Settings, tmp_path: Path, attempt: int, exit_code2: str
-            ) -> subprocess.CompletedProcess[str]:
+def _epilog(settings: Settings, tmp_path: Path, attempt: int, exit_code2: str,
+            job_id: str = "9001") -> subprocess.CompletedProcess[str]:
     env = {**os.environ, **settings.to_env(),
            # scontrol is not there (a controller under load, a broken PATH): `false` fails.
            "SIBYLLA_SLURM_SCONTROL": "false",
            "SIBYLLA_SLURM_EPILOG_STATE_DIR": str(tmp_path / "state"),
-           "SLURM_JOB_ID": "9001", "SLURM_JOB_RESTART_COUNT": str(attempt),
+           "SLURM_JOB_ID": job_id, "SLURM_JOB_RESTART_COUNT": str(attempt),
            "SLURM_JOB_EXIT_CODE2": exit_code2, "SLURM_JOB_NODELIST": "gpu01,gpu02",
            "SLURM_JOB_NAME": "train", "SLURM_JOB_WORK_DIR": str(tmp_path),
            "SLURM_JOB_STDOUT": "out/%x-%j.out"}
@@ -72,6 +73,39 @@ def test_without_a_broker_the_epilog_gives_up_within_its_bound(tmp_path: Path) -
     done = _epilog(settings, tmp_path, 0, "1:0")
     assert done.returncode == 1
     assert "sibylla epilog: job 9001: not published" in done.stderr
+
+
+def test_an_attempt_that_ends_while_the_broker_is_away_is_published_by_the_next_run(
+        broker: object, unique_prefix: str, tmp_path: Path) -> None:
+    """A failure that ended during a broker outage was never decided: the epilog gave up
+    within its bound and the attempt was gone. It is now spooled, and the next epilog run
+    (any job's) publishes it after its own attempt, once."""
+    settings = make_settings(broker.bootstrap_servers,  # type: ignore[attr-defined]
+                             unique_prefix, tmp_path)
+    asyncio.run(ensure_topics(settings))
+    (tmp_path / "out").mkdir()
+    (tmp_path / "out" / "train-9001.out").write_text("epoch 1\nRuntimeError: NCCL timeout\n")
+    (tmp_path / "out" / "train-9002.out").write_text("KeyError: 'lr'\n")
+    away = dataclasses.replace(settings, bootstrap_servers="127.0.0.1:9",  # nothing listens
+                               slurm_epilog_timeout_s=2.0)
+    missed = _epilog(away, tmp_path, 0, "1:0", job_id="9001")
+    assert missed.returncode == 1
+    assert "not published: Spooled: broker away" in missed.stderr
+
+    done = _epilog(settings, tmp_path, 0, "1:0", job_id="9002")
+    assert done.returncode == 0, done.stderr
+    assert "1 spooled attempt(s) published" in done.stderr
+    again = _epilog(settings, tmp_path, 1, "1:0", job_id="9002")
+    assert again.returncode == 0 and "spooled" not in again.stderr, again.stderr
+
+    logs = asyncio.run(read_all(settings, "logs", idle_s=2.0))
+    chunks = [parse_log_record(orjson.dumps(r), settings.max_line_bytes) for r in logs]
+    assert sorted((c.job_id, c.attempt, c.lines) for c in chunks) == [
+        ("9001", 0, ["epoch 1", "RuntimeError: NCCL timeout"]),
+        ("9002", 0, ["KeyError: 'lr'"]), ("9002", 1, [])]
+    events = asyncio.run(read_all(settings, "job-events", idle_s=2.0))
+    assert sorted((e["job_id"], e["attempt"], e["state"]) for e in events) == [
+        ("9001", 0, "FAILED"), ("9002", 0, "FAILED"), ("9002", 1, "FAILED")]
 
 
 @only_brokers("kafka")  # Tansu takes records over a topic's max.message.bytes

@@ -1,0 +1,84 @@
+"""Attempts the epilog could not publish because the broker was away, kept on local disk until
+a later epilog run publishes them.
+
+The epilog runs once per attempt and must end within its bound, so it cannot wait out a broker
+restart. Without a spool, a failure that ended during one was never decided: its event and its
+log were gone, and the scheduler's actuator never heard of it. Each entry is one attempt's
+shipment (its new output lines by stream, then its event), written atomically; every later
+epilog run publishes its own attempt first, then what the spool holds, oldest first, within
+what is left of its bound.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import orjson
+
+from sibylla.schemas.records import JobEvent, RecordError, parse_job_event
+
+__all__ = ["Shipment", "Spool"]
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Shipment:
+    """What the epilog publishes for one attempt: its output's new lines by stream (the last
+    part marked end-of-stream), then its event."""
+
+    event: JobEvent
+    parts: tuple[tuple[str, tuple[str, ...]], ...]
+
+    def to_json(self) -> bytes:
+        return orjson.dumps({"event": self.event.to_dict(),
+                             "parts": [[stream, list(lines)] for stream, lines in self.parts]})
+
+    @classmethod
+    def from_json(cls, data: bytes) -> Shipment:
+        """:class:`RecordError` when ``data`` is not a shipment."""
+        try:
+            raw = orjson.loads(data)
+            event = parse_job_event(orjson.dumps(raw["event"]))
+            parts = tuple((str(stream), tuple(map(str, lines))) for stream, lines in raw["parts"])
+        except (orjson.JSONDecodeError, KeyError, TypeError, ValueError) as exc:
+            raise RecordError(f"not a spooled shipment: {exc}", "malformed") from exc
+        return cls(event, parts)
+
+
+class Spool:
+    """A directory of shipments, one file each, named so that listing sorts them oldest first."""
+
+    def __init__(self, directory: Path) -> None:
+        self.directory = directory
+
+    def put(self, shipment: Shipment) -> Path:
+        """Keep ``shipment``; its file."""
+        self.directory.mkdir(parents=True, exist_ok=True)
+        event = shipment.event
+        job = "".join(c if c.isalnum() or c in ".-" else "_" for c in event.job_id)
+        path = self.directory / f"{time.time_ns():020d}-{os.getpid()}-{job}.{event.attempt}.json"
+        tmp = path.with_suffix(".tmp")
+        tmp.write_bytes(shipment.to_json())
+        tmp.replace(path)
+        return path
+
+    def paths(self) -> list[Path]:
+        """The kept shipments' files, oldest first."""
+        if not self.directory.is_dir():
+            return []
+        return sorted(self.directory.glob("*.json"))
+
+    def load(self, path: Path) -> Shipment | None:
+        """The shipment in ``path``; None for a file that holds none (set aside as ``.bad``,
+        with a warning: it can never be published, and must not block the ones after it)."""
+        try:
+            return Shipment.from_json(path.read_bytes())
+        except RecordError as exc:
+            log.warning("spooled %s set aside: %s", path.name, exc)
+            path.replace(path.with_suffix(".bad"))
+            return None
