@@ -278,19 +278,23 @@ async def _publish_spooled(settings: Settings, spool: Spool, deadline: float) ->
     """Publish what the spool holds, oldest first, until it is empty or ``deadline``; the
     attempts published. Errors end it quietly: what is left stays for the next run."""
     done = 0
-    try:
-        async with Shipper(settings, request_timeout_ms=_timeout_ms(deadline)) as shipper:
-            for path in spool.paths():
-                if time.monotonic() >= deadline:
-                    break
-                shipment = spool.load(path)
-                if shipment is not None:
-                    await asyncio.wait_for(publish(shipper, shipment),
-                                           deadline - time.monotonic())
-                    path.unlink()
-                    done += 1
-    except Exception as exc:  # noqa: BLE001 - the spool waits for the next run
-        log.warning("spooled attempts left for a later run: %s: %s", type(exc).__name__, exc)
+    with spool.draining() as mine:
+        if not mine:
+            return 0
+        try:
+            async with Shipper(settings, request_timeout_ms=_timeout_ms(deadline)) as shipper:
+                for path in spool.paths():
+                    if time.monotonic() >= deadline:
+                        break
+                    shipment = spool.load(path)
+                    if shipment is not None:
+                        await asyncio.wait_for(publish(shipper, shipment),
+                                               deadline - time.monotonic())
+                        path.unlink()
+                        done += 1
+        except Exception as exc:  # noqa: BLE001 - the spool waits for the next run
+            log.warning("spooled attempts left for a later run: %s: %s", type(exc).__name__,
+                        exc)
     return done
 
 

@@ -11,9 +11,12 @@ what is left of its bound.
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import logging
 import os
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -66,6 +69,20 @@ class Spool:
         tmp.write_bytes(shipment.to_json())
         tmp.replace(path)
         return path
+
+    @contextlib.contextmanager
+    def draining(self) -> Iterator[bool]:
+        """Whether this process may publish the spool now: slurmctld runs epilogs of several
+        jobs at once, and two draining it together would publish its attempts twice. The
+        one that finds it taken leaves it to the other (a lock held until the block ends)."""
+        self.directory.mkdir(parents=True, exist_ok=True)
+        with open(self.directory / ".lock", "w") as lock:
+            try:
+                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                yield False
+                return
+            yield True
 
     def paths(self) -> list[Path]:
         """The kept shipments' files, oldest first."""

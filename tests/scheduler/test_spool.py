@@ -31,3 +31,14 @@ def test_a_damaged_entry_is_set_aside_and_the_others_still_load(tmp_path: Path) 
     assert loaded == [None, _shipment("2")]
     assert [p.name for p in spool.paths()] == [spool.paths()[0].name]
     assert first.with_suffix(".bad").exists()
+
+
+def test_only_one_epilog_at_a_time_drains_the_spool(tmp_path: Path) -> None:
+    """slurmctld runs several epilogs at once: two draining together would publish each
+    spooled attempt twice."""
+    spool = Spool(tmp_path / "spool")
+    with spool.draining() as first:
+        with Spool(tmp_path / "spool").draining() as second:
+            assert (first, second) == (True, False)
+    with spool.draining() as later:
+        assert later
