@@ -78,8 +78,9 @@ TAILERS = {"rsyslog": _rsyslogd, "syslog-ng": _syslog_ng}
 
 @pytest.fixture(params=sorted(TAILERS))
 def tailer(request: pytest.FixtureRequest, tmp_path: Path, unique_prefix: str,
-           broker: object) -> Iterator[tuple[Path, Settings]]:
-    """A tailer with its shipped config, following ``<tmp>/out/*.out``; its settings."""
+           broker: object) -> Iterator[tuple[Path, Settings, str]]:
+    """A tailer with its shipped config, following ``<tmp>/out/*.out``; its settings and
+    name."""
     settings = make_settings(broker.bootstrap_servers,  # type: ignore[attr-defined]
                              unique_prefix, tmp_path)
     out, work = tmp_path / "out", tmp_path / "tailer"
@@ -91,7 +92,7 @@ def tailer(request: pytest.FixtureRequest, tmp_path: Path, unique_prefix: str,
     log = open(tmp_path / "tailer.log", "ab")  # noqa: SIM115
     proc = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT)
     try:
-        yield out, settings
+        yield out, settings, request.param
     finally:
         proc.terminate()
         proc.wait(15)
@@ -116,8 +117,8 @@ async def _records(settings: Settings, expected: int, timeout_s: float = 60.0) -
 
 @only_brokers("kafka")
 def test_a_tailer_ships_slurm_output_files_to_the_jobs_partition_and_the_worker_decides(
-        tailer: tuple[Path, Settings], tmp_path: Path) -> None:
-    out, settings = tailer
+        tailer: tuple[Path, Settings, str], tmp_path: Path) -> None:
+    out, settings, _ = tailer
     worker = start_worker(settings, tmp_path)
     try:
         time.sleep(1.0)  # the tailers watch the directory from their start: files come after
@@ -150,6 +151,28 @@ def test_a_tailer_ships_slurm_output_files_to_the_jobs_partition_and_the_worker_
             ("1002", lines, "nondeterministic")]
     finally:
         worker.stop()
+
+
+@only_brokers("kafka")
+def test_a_line_longer_than_the_workers_limit_arrives_within_it(
+        tailer: tuple[Path, Settings, str]) -> None:
+    """A tensor printed on one line, a JSON blob: longer than ``max_line_bytes`` (16 KiB), a
+    line is dead-lettered by the worker. syslog-ng cuts it into pieces of that size and loses
+    nothing; rsyslog's imfile keeps its first 16 KiB and drops the rest (its split applies to
+    multi-line read modes only), where with its default 8 KiB limit it kept half as much."""
+    out, settings, name = tailer
+    time.sleep(1.0)
+    long_line = "".join(f"{i:05d} " for i in range(7000))  # 42,000 bytes
+    (out / "train-3001.out").write_text(f"{long_line}\nKeyError: 'lr'\n")
+    pieces = {"syslog-ng": 4, "rsyslog": 2}[name]
+    records = asyncio.run(_records(settings, pieces, timeout_s=30))
+    lines = [line for r in records  # each within the limit, or this raises
+             for line in parse_log_record(r.value, settings.max_line_bytes).lines]
+    assert lines[-1] == "KeyError: 'lr'"
+    if name == "syslog-ng":
+        assert "".join(lines[:-1]) == long_line
+    else:
+        assert lines[:-1] == [long_line[:settings.max_line_bytes]]
 
 
 @needs_kcat
