@@ -1,4 +1,4 @@
-"""Subcommands of the scheduler stage: ``sibylla slurm epilog`` and ``sibylla slurm actuator``."""
+"""Subcommands of the scheduler stage: ``sibylla slurm epilog|drain-spool|actuator``."""
 
 from __future__ import annotations
 
@@ -24,6 +24,15 @@ def register(subparsers: Any) -> None:
     add_settings_arguments(e)
     e.set_defaults(func=_epilog)
 
+    d = slurm.add_parser(
+        "drain-spool", help="publish the attempts the epilog spooled while the broker was away",
+        description="The epilog keeps an attempt the broker did not take in a spool under "
+        "slurm_epilog_state_dir, and every later epilog run publishes it; this publishes it "
+        "now (cron it on the controller, or run it after a broker outage). Exits 1 while "
+        "attempts are left.")
+    add_settings_arguments(d)
+    d.set_defaults(func=_drain_spool)
+
     a = slurm.add_parser(
         "actuator", help="follow sibylla.decisions and requeue, exclude nodes or hold jobs",
         description="Applies each decision with scontrol; one JSON audit line per decision "
@@ -45,6 +54,15 @@ def _epilog(args: argparse.Namespace) -> int:
               f"{type(exc).__name__}: {exc}", file=sys.stderr)
         return 1
     return 0
+
+
+def _drain_spool(args: argparse.Namespace) -> int:
+    from sibylla.scheduler.epilog import drain_spool
+
+    published, left = drain_spool(settings_from_args(args))
+    print(f"sibylla slurm drain-spool: {published} spooled attempt(s) published, {left} left",
+          file=sys.stderr)
+    return 1 if left else 0
 
 
 def _actuator(args: argparse.Namespace) -> int:

@@ -42,7 +42,8 @@ from sibylla.streams.ship import DeliveryError, Shipper
 from sibylla.streams.topics import transient_broker_error
 
 __all__ = ["Attempt", "OutputCursor", "Spooled", "attempt_from_env", "broker_away",
-           "derive_state", "expand_path", "publish", "read_attempt", "read_part", "run_epilog"]
+           "derive_state", "drain_spool", "expand_path", "publish", "read_attempt", "read_part",
+           "run_epilog"]
 
 log = logging.getLogger(__name__)
 
@@ -276,7 +277,8 @@ def broker_away(exc: BaseException) -> bool:
 
 async def _publish_spooled(settings: Settings, spool: Spool, deadline: float) -> int:
     """Publish what the spool holds, oldest first, until it is empty or ``deadline``; the
-    attempts published. Errors end it quietly: what is left stays for the next run."""
+    attempts published. The broker away ends it quietly (what is left stays for the next
+    run); an attempt it refuses is set aside, not tried again ahead of the others."""
     done = 0
     with spool.draining() as mine:
         if not mine:
@@ -287,11 +289,18 @@ async def _publish_spooled(settings: Settings, spool: Spool, deadline: float) ->
                     if time.monotonic() >= deadline:
                         break
                     shipment = spool.load(path)
-                    if shipment is not None:
+                    if shipment is None:
+                        continue
+                    try:
                         await asyncio.wait_for(publish(shipper, shipment),
                                                deadline - time.monotonic())
-                        path.unlink()
-                        done += 1
+                    except Exception as exc:
+                        if broker_away(exc):
+                            raise
+                        spool.set_aside(path, exc)
+                        continue
+                    path.unlink()
+                    done += 1
         except Exception as exc:  # noqa: BLE001 - the spool waits for the next run
             log.warning("spooled attempts left for a later run: %s: %s", type(exc).__name__,
                         exc)
@@ -300,6 +309,16 @@ async def _publish_spooled(settings: Settings, spool: Spool, deadline: float) ->
 
 def _timeout_ms(deadline: float) -> int:
     return max(1, int((deadline - time.monotonic()) * 1000))
+
+
+def drain_spool(settings: Settings) -> tuple[int, int]:
+    """Publish what the spool holds within ``slurm_epilog_timeout_s``, as an epilog run does
+    after its own attempt (for a cron job on the controller, or after a broker outage, so
+    that spooled failures need not wait for the next job to end); (published, left)."""
+    spool = Spool(settings.slurm_epilog_state_dir / "spool")
+    deadline = time.monotonic() + settings.slurm_epilog_timeout_s
+    published = asyncio.run(_publish_spooled(settings, spool, deadline)) if spool.paths() else 0
+    return published, len(spool.paths())
 
 
 class Spooled(RuntimeError):

@@ -91,11 +91,15 @@ class Spool:
         return sorted(self.directory.glob("*.json"))
 
     def load(self, path: Path) -> Shipment | None:
-        """The shipment in ``path``; None for a file that holds none (set aside as ``.bad``,
-        with a warning: it can never be published, and must not block the ones after it)."""
+        """The shipment in ``path``; None for a file that holds none (set aside)."""
         try:
             return Shipment.from_json(path.read_bytes())
         except RecordError as exc:
-            log.warning("spooled %s set aside: %s", path.name, exc)
-            path.replace(path.with_suffix(".bad"))
+            self.set_aside(path, exc)
             return None
+
+    def set_aside(self, path: Path, why: BaseException) -> None:
+        """Keep the entry in ``path`` out of the way as ``.bad`` (for a human to look at),
+        with a warning: it can never be published, and must not block the ones after it."""
+        log.warning("spooled %s set aside: %s: %s", path.name, type(why).__name__, why)
+        path.replace(path.with_suffix(".bad"))

@@ -41,6 +41,13 @@ def _epilog(settings: Settings, tmp_path: Path, attempt: int, exit_code2: str,
                           capture_output=True, text=True, timeout=60, check=False)
 
 
+def _drain_spool(settings: Settings, tmp_path: Path) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, **settings.to_env(),
+           "SIBYLLA_SLURM_EPILOG_STATE_DIR": str(tmp_path / "state")}
+    return subprocess.run([sys.executable, "-m", "sibylla", "slurm", "drain-spool"], env=env,
+                          capture_output=True, text=True, timeout=60, check=False)
+
+
 def test_each_attempt_of_an_appended_output_is_published_once_with_its_event(
         broker: object, unique_prefix: str, tmp_path: Path) -> None:
     settings = make_settings(broker.bootstrap_servers,  # type: ignore[attr-defined]
@@ -75,11 +82,13 @@ def test_without_a_broker_the_epilog_gives_up_within_its_bound(tmp_path: Path) -
     assert "sibylla epilog: job 9001: not published" in done.stderr
 
 
-def test_an_attempt_that_ends_while_the_broker_is_away_is_published_by_the_next_run(
-        broker: object, unique_prefix: str, tmp_path: Path) -> None:
+@pytest.mark.parametrize("drainer", ["the next epilog", "drain-spool"])
+def test_an_attempt_that_ends_while_the_broker_is_away_is_published_later_once(
+        broker: object, unique_prefix: str, tmp_path: Path, drainer: str) -> None:
     """A failure that ended during a broker outage was never decided: the epilog gave up
     within its bound and the attempt was gone. It is now spooled, and the next epilog run
-    (any job's) publishes it after its own attempt, once."""
+    (any job's) publishes it after its own attempt, or ``sibylla slurm drain-spool`` does
+    once the broker is back; once."""
     settings = make_settings(broker.bootstrap_servers,  # type: ignore[attr-defined]
                              unique_prefix, tmp_path)
     asyncio.run(ensure_topics(settings))
@@ -92,9 +101,16 @@ def test_an_attempt_that_ends_while_the_broker_is_away_is_published_by_the_next_
     assert missed.returncode == 1
     assert "not published: Spooled: broker away" in missed.stderr
 
+    if drainer == "drain-spool":
+        still_away = _drain_spool(away, tmp_path)
+        assert still_away.returncode == 1
+        assert "0 spooled attempt(s) published, 1 left" in still_away.stderr
+        drained = _drain_spool(settings, tmp_path)
+        assert drained.returncode == 0, drained.stderr
+        assert "1 spooled attempt(s) published, 0 left" in drained.stderr
     done = _epilog(settings, tmp_path, 0, "1:0", job_id="9002")
     assert done.returncode == 0, done.stderr
-    assert "1 spooled attempt(s) published" in done.stderr
+    assert ("1 spooled attempt(s) published" in done.stderr) == (drainer == "the next epilog")
     again = _epilog(settings, tmp_path, 1, "1:0", job_id="9002")
     assert again.returncode == 0 and "spooled" not in again.stderr, again.stderr
 
@@ -126,3 +142,31 @@ def test_a_log_the_broker_refuses_is_not_reported_shipped_nor_its_attempt_publis
     # No termination without its log: a worker would have decided on lines it never got.
     assert asyncio.run(read_all(settings, "job-events", idle_s=2.0)) == []
     assert not (tmp_path / "state").exists() or not any((tmp_path / "state").iterdir())
+
+
+@only_brokers("kafka")  # Tansu takes records over a topic's max.message.bytes
+def test_a_spooled_attempt_the_broker_refuses_is_set_aside_and_the_next_one_published(
+        broker: object, unique_prefix: str, tmp_path: Path) -> None:
+    """Spooled while the broker was away, then refused once it is back (its log over the
+    topic's size limit): tried again first every time, it would hold back every attempt
+    spooled after it."""
+    settings = make_settings(broker.bootstrap_servers,  # type: ignore[attr-defined]
+                             unique_prefix, tmp_path)
+    asyncio.run(create_topic_taking_at_most(settings, settings.topic("logs"), 2048,
+                                            settings.partitions))
+    asyncio.run(ensure_topics(settings))
+    (tmp_path / "out").mkdir()
+    (tmp_path / "out" / "train-9001.out").write_text("x" * 4000 + "\nRuntimeError: boom\n")
+    (tmp_path / "out" / "train-9002.out").write_text("KeyError: 'lr'\n")
+    away = dataclasses.replace(settings, bootstrap_servers="127.0.0.1:9",  # nothing listens
+                               slurm_epilog_timeout_s=2.0)
+    for job_id in ("9001", "9002"):
+        assert _epilog(away, tmp_path, 0, "1:0", job_id=job_id).returncode == 1
+
+    drained = _drain_spool(settings, tmp_path)
+    assert drained.returncode == 0, drained.stderr
+    assert "1 spooled attempt(s) published, 0 left" in drained.stderr
+    assert [p.name.endswith("-9001.0.bad") for p in (tmp_path / "state" / "spool").glob("*.bad")
+            ] == [True]
+    events = asyncio.run(read_all(settings, "job-events", idle_s=2.0))
+    assert [(e["job_id"], e["state"]) for e in events] == [("9002", "FAILED")]
