@@ -35,7 +35,7 @@ from pathlib import Path
 import orjson
 
 from sibylla.scheduler.scontrol import Scontrol, SlurmError
-from sibylla.scheduler.spool import Shipment, Spool
+from sibylla.scheduler.spool import Shipment, Spool, file_safe
 from sibylla.schemas.records import JobEvent
 from sibylla.settings import Settings
 from sibylla.streams.ship import DeliveryError, Shipper
@@ -121,8 +121,7 @@ class OutputCursor:
 
     @property
     def path(self) -> Path:
-        safe = re.sub(r"[^\w.-]", "_", self.job_id)
-        return self.state_dir / f"{safe}.{self.stream}.json"
+        return self.state_dir / f"{file_safe(self.job_id)}.{self.stream}.json"
 
     def start(self, output: Path) -> int:
         """Where this attempt's part of ``output`` begins: after what was shipped, if the bytes
@@ -307,6 +306,10 @@ async def _publish_spooled(settings: Settings, spool: Spool, deadline: float) ->
     return done
 
 
+def _spool(settings: Settings) -> Spool:
+    return Spool(settings.slurm_epilog_state_dir / "spool")
+
+
 def _timeout_ms(deadline: float) -> int:
     return max(1, int((deadline - time.monotonic()) * 1000))
 
@@ -315,7 +318,7 @@ def drain_spool(settings: Settings) -> tuple[int, int]:
     """Publish what the spool holds within ``slurm_epilog_timeout_s``, as an epilog run does
     after its own attempt (for a cron job on the controller, or after a broker outage, so
     that spooled failures need not wait for the next job to end); (published, left)."""
-    spool = Spool(settings.slurm_epilog_state_dir / "spool")
+    spool = _spool(settings)
     deadline = time.monotonic() + settings.slurm_epilog_timeout_s
     published = asyncio.run(_publish_spooled(settings, spool, deadline)) if spool.paths() else 0
     return published, len(spool.paths())
@@ -338,7 +341,7 @@ def run_epilog(settings: Settings, env: Mapping[str, str]) -> str:
     if time.monotonic() >= deadline:
         raise TimeoutError("scontrol took the whole epilog time")
     shipment, cursors = read_attempt(settings, attempt)
-    spool = Spool(settings.slurm_epilog_state_dir / "spool")
+    spool = _spool(settings)
 
     async def publish_attempt() -> int:
         async with Shipper(settings, request_timeout_ms=_timeout_ms(deadline)) as shipper:

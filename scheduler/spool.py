@@ -15,6 +15,7 @@ import contextlib
 import fcntl
 import logging
 import os
+import re
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -24,9 +25,15 @@ import orjson
 
 from sibylla.schemas.records import JobEvent, RecordError, parse_job_event
 
-__all__ = ["Shipment", "Spool"]
+__all__ = ["Shipment", "Spool", "file_safe"]
 
 log = logging.getLogger(__name__)
+
+
+def file_safe(job_id: str) -> str:
+    """``job_id`` as a part of a file name in the epilog's state directory (its cursors and
+    its spool): anything but letters, digits, ``.`` and ``-`` becomes ``_``."""
+    return re.sub(r"[^\w.-]", "_", job_id)
 
 
 @dataclass(frozen=True)
@@ -63,8 +70,8 @@ class Spool:
         """Keep ``shipment``; its file."""
         self.directory.mkdir(parents=True, exist_ok=True)
         event = shipment.event
-        job = "".join(c if c.isalnum() or c in ".-" else "_" for c in event.job_id)
-        path = self.directory / f"{time.time_ns():020d}-{os.getpid()}-{job}.{event.attempt}.json"
+        path = self.directory / (f"{time.time_ns():020d}-{os.getpid()}-"
+                                 f"{file_safe(event.job_id)}.{event.attempt}.json")
         tmp = path.with_suffix(".tmp")
         tmp.write_bytes(shipment.to_json())
         tmp.replace(path)
