@@ -25,11 +25,11 @@ def test_spooled_attempts_come_back_whole_and_oldest_first(tmp_path: Path) -> No
 def test_a_damaged_entry_is_set_aside_and_the_others_still_load(tmp_path: Path) -> None:
     spool = Spool(tmp_path / "spool")
     first = spool.put(_shipment("1"))
-    spool.put(_shipment("2"))
+    second = spool.put(_shipment("2"))
     first.write_bytes(b'{"event": {"job_id": "1"')  # cut short (a full disk, a crash)
     loaded = [spool.load(path) for path in spool.paths()]
     assert loaded == [None, _shipment("2")]
-    assert [p.name for p in spool.paths()] == [spool.paths()[0].name]
+    assert spool.paths() == [second]
     assert first.with_suffix(".bad").exists()
 
 
