@@ -23,12 +23,13 @@ decided, later.
 from __future__ import annotations
 
 import asyncio
+import functools
 import hashlib
 import logging
 import os
 import re
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -249,10 +250,12 @@ def read_attempt(settings: Settings, attempt: Attempt
     return Shipment(event, tuple(parts)), cursors
 
 
-async def publish(shipper: Shipper, shipment: Shipment) -> int:
+async def publish(shipper: Shipper, shipment: Shipment,
+                  lines_held: Callable[[], None] = lambda: None) -> int:
     """Ship an attempt's lines (LogBatch records, the last ``eos``), then its JobEvent once the
     broker holds the lines; the lines shipped. :class:`~sibylla.streams.ship.DeliveryError`
-    when the broker refused any."""
+    when the broker refused any. ``lines_held`` is called once the broker holds the lines, so
+    that a caller keeping the attempt for later keeps only its event from then on."""
     event = shipment.event
     host = event.nodes[0] if event.nodes else None
     for i, (stream, lines) in enumerate(shipment.parts):
@@ -261,6 +264,7 @@ async def publish(shipper: Shipper, shipment: Shipment) -> int:
     # The termination only once the broker holds the lines: the worker decides when it
     # sees it, and must never decide on a log still in flight or refused.
     await shipper.flush()
+    lines_held()
     await shipper.send_event(event)
     await shipper.flush()
     return sum(len(lines) for _, lines in shipment.parts)
@@ -291,8 +295,10 @@ async def _publish_spooled(settings: Settings, spool: Spool, deadline: float) ->
                     if shipment is None:
                         continue
                     try:
-                        await asyncio.wait_for(publish(shipper, shipment),
-                                               deadline - time.monotonic())
+                        await asyncio.wait_for(
+                            publish(shipper, shipment, functools.partial(
+                                spool.rewrite, path, shipment.without_lines())),
+                            deadline - time.monotonic())
                     except Exception as exc:
                         if broker_away(exc):
                             raise
@@ -343,9 +349,12 @@ def run_epilog(settings: Settings, env: Mapping[str, str]) -> str:
     shipment, cursors = read_attempt(settings, attempt)
     spool = _spool(settings)
 
+    held: list[Shipment] = []  # the attempt without its lines, once the broker holds them
+
     async def publish_attempt() -> int:
         async with Shipper(settings, request_timeout_ms=_timeout_ms(deadline)) as shipper:
-            return await publish(shipper, shipment)
+            return await publish(shipper, shipment,
+                                 lambda: held.append(shipment.without_lines()))
 
     e = attempt.event
     try:
@@ -353,11 +362,12 @@ def run_epilog(settings: Settings, env: Mapping[str, str]) -> str:
     except Exception as exc:
         if not broker_away(exc):
             raise
-        path = spool.put(shipment)
+        path = spool.put(held[0] if held else shipment)
         for cursor, output, end in cursors:  # the spool holds these lines now
             cursor.save(output, end)
+        kept = "its event (its lines were delivered)" if held else "it"
         raise Spooled(f"broker away ({type(exc).__name__}: {exc}); job {e.job_id} attempt "
-                      f"{e.attempt} kept in {path} for a later epilog run") from exc
+                      f"{e.attempt}: {kept} kept in {path} for a later epilog run") from exc
     for cursor, output, end in cursors:
         cursor.save(output, end)
     late = asyncio.run(_publish_spooled(settings, spool, deadline)) if spool.paths() else 0

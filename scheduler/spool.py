@@ -4,9 +4,9 @@ a later epilog run publishes them.
 The epilog runs once per attempt and must end within its bound, so it cannot wait out a broker
 restart. Without a spool, a failure that ended during one was never decided: its event and its
 log were gone, and the scheduler's actuator never heard of it. Each entry is one attempt's
-shipment (its new output lines by stream, then its event), written atomically; every later
-epilog run publishes its own attempt first, then what the spool holds, oldest first, within
-what is left of its bound.
+shipment (its new output lines by stream, then its event; only the event once the broker
+holds the lines), written atomically; every later epilog run publishes its own attempt first,
+then what the spool holds, oldest first, within what is left of its bound.
 """
 
 from __future__ import annotations
@@ -59,6 +59,11 @@ class Shipment:
             raise RecordError(f"not a spooled shipment: {exc}", "malformed") from exc
         return cls(event, parts)
 
+    def without_lines(self) -> Shipment:
+        """This shipment once the broker holds its lines: only the event is left to publish
+        (sending the lines again would put them twice into the job's window)."""
+        return Shipment(self.event, ())
+
 
 class Spool:
     """A directory of shipments, one file each, named so that listing sorts them oldest first."""
@@ -72,10 +77,14 @@ class Spool:
         event = shipment.event
         path = self.directory / (f"{time.time_ns():020d}-{os.getpid()}-"
                                  f"{file_safe(event.job_id)}.{event.attempt}.json")
+        self.rewrite(path, shipment)
+        return path
+
+    def rewrite(self, path: Path, shipment: Shipment) -> None:
+        """Keep ``shipment`` in ``path`` (atomically), in its place in the order."""
         tmp = path.with_suffix(".tmp")
         tmp.write_bytes(shipment.to_json())
         tmp.replace(path)
-        return path
 
     @contextlib.contextmanager
     def draining(self) -> Iterator[bool]:

@@ -13,9 +13,12 @@ from pathlib import Path
 
 import orjson
 import pytest
+from aiokafka.errors import KafkaTimeoutError
 
+from sibylla.scheduler.epilog import Spooled, drain_spool, run_epilog
 from sibylla.schemas.records import parse_log_record
 from sibylla.settings import Settings
+from sibylla.streams.ship import Shipper
 from sibylla.streams.topics import ensure_topics
 from tests.integration.fixtures import (
     create_topic_taking_at_most,
@@ -27,18 +30,35 @@ from tests.integration.fixtures import (
 pytestmark = pytest.mark.integration
 
 
+def _slurm_env(tmp_path: Path, attempt: int, exit_code2: str, job_id: str) -> dict[str, str]:
+    """What slurmctld puts into EpilogSlurmctld's environment for one attempt."""
+    return {"SLURM_JOB_ID": job_id, "SLURM_JOB_RESTART_COUNT": str(attempt),
+            "SLURM_JOB_EXIT_CODE2": exit_code2, "SLURM_JOB_NODELIST": "gpu01,gpu02",
+            "SLURM_JOB_NAME": "train", "SLURM_JOB_WORK_DIR": str(tmp_path),
+            "SLURM_JOB_STDOUT": "out/%x-%j.out"}
+
+
 def _epilog(settings: Settings, tmp_path: Path, attempt: int, exit_code2: str,
             job_id: str = "9001") -> subprocess.CompletedProcess[str]:
     env = {**os.environ, **settings.to_env(),
            # scontrol is not there (a controller under load, a broken PATH): `false` fails.
            "SIBYLLA_SLURM_SCONTROL": "false",
            "SIBYLLA_SLURM_EPILOG_STATE_DIR": str(tmp_path / "state"),
-           "SLURM_JOB_ID": job_id, "SLURM_JOB_RESTART_COUNT": str(attempt),
-           "SLURM_JOB_EXIT_CODE2": exit_code2, "SLURM_JOB_NODELIST": "gpu01,gpu02",
-           "SLURM_JOB_NAME": "train", "SLURM_JOB_WORK_DIR": str(tmp_path),
-           "SLURM_JOB_STDOUT": "out/%x-%j.out"}
+           **_slurm_env(tmp_path, attempt, exit_code2, job_id)}
     return subprocess.run([sys.executable, "-m", "sibylla", "slurm", "epilog"], env=env,
                           capture_output=True, text=True, timeout=60, check=False)
+
+
+def _two_failed_jobs(broker: object, unique_prefix: str, tmp_path: Path) -> Settings:
+    """Settings on ``broker`` with its topics made, and the output files of two failed jobs
+    (9001: an NCCL timeout after an epoch, 9002: a KeyError)."""
+    settings = make_settings(broker.bootstrap_servers,  # type: ignore[attr-defined]
+                             unique_prefix, tmp_path)
+    asyncio.run(ensure_topics(settings))
+    (tmp_path / "out").mkdir()
+    (tmp_path / "out" / "train-9001.out").write_text("epoch 1\nRuntimeError: NCCL timeout\n")
+    (tmp_path / "out" / "train-9002.out").write_text("KeyError: 'lr'\n")
+    return settings
 
 
 def _drain_spool(settings: Settings, tmp_path: Path) -> subprocess.CompletedProcess[str]:
@@ -89,12 +109,7 @@ def test_an_attempt_that_ends_while_the_broker_is_away_is_published_later_once(
     within its bound and the attempt was gone. It is now spooled, and the next epilog run
     (any job's) publishes it after its own attempt, or ``sibylla slurm drain-spool`` does
     once the broker is back; once."""
-    settings = make_settings(broker.bootstrap_servers,  # type: ignore[attr-defined]
-                             unique_prefix, tmp_path)
-    asyncio.run(ensure_topics(settings))
-    (tmp_path / "out").mkdir()
-    (tmp_path / "out" / "train-9001.out").write_text("epoch 1\nRuntimeError: NCCL timeout\n")
-    (tmp_path / "out" / "train-9002.out").write_text("KeyError: 'lr'\n")
+    settings = _two_failed_jobs(broker, unique_prefix, tmp_path)
     away = dataclasses.replace(settings, bootstrap_servers="127.0.0.1:9",  # nothing listens
                                slurm_epilog_timeout_s=2.0)
     missed = _epilog(away, tmp_path, 0, "1:0", job_id="9001")
@@ -170,3 +185,43 @@ def test_a_spooled_attempt_the_broker_refuses_is_set_aside_and_the_next_one_publ
             ] == [True]
     events = asyncio.run(read_all(settings, "job-events", idle_s=2.0))
     assert [(e["job_id"], e["state"]) for e in events] == [("9002", "FAILED")]
+
+
+@pytest.mark.parametrize("held_by", ["its own epilog", "the spool"])
+def test_an_attempt_whose_event_the_broker_missed_after_its_lines_gets_its_lines_once(
+        broker: object, unique_prefix: str, tmp_path: Path, held_by: str,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The broker took the lines, then stopped answering before the event: the attempt is
+    kept for later, but only its event; sending its lines again would put them twice into
+    the job's window (and the classifier would read a log the job never printed)."""
+    settings = _two_failed_jobs(broker, unique_prefix, tmp_path)
+    in_process = dataclasses.replace(settings, slurm_scontrol="false",
+                                     slurm_epilog_state_dir=tmp_path / "state")
+
+    async def broker_gone(self: Shipper, event: object) -> None:
+        raise KafkaTimeoutError("no answer within the request timeout")
+
+    if held_by == "its own epilog":
+        with monkeypatch.context() as patch:
+            patch.setattr(Shipper, "send_event", broker_gone)
+            with pytest.raises(Spooled, match=r"its event \(its lines were delivered\) kept"):
+                run_epilog(in_process, _slurm_env(tmp_path, 0, "1:0", "9001"))
+    else:
+        away = dataclasses.replace(settings, bootstrap_servers="127.0.0.1:9",
+                                   slurm_epilog_timeout_s=2.0)
+        assert _epilog(away, tmp_path, 0, "1:0", job_id="9001").returncode == 1
+        with monkeypatch.context() as patch:
+            patch.setattr(Shipper, "send_event", broker_gone)
+            assert drain_spool(in_process) == (0, 1)
+    done = _epilog(settings, tmp_path, 0, "1:0", job_id="9002")
+    assert done.returncode == 0, done.stderr
+    assert "1 spooled attempt(s) published" in done.stderr
+
+    logs = asyncio.run(read_all(settings, "logs", idle_s=2.0))
+    chunks = [parse_log_record(orjson.dumps(r), settings.max_line_bytes) for r in logs]
+    assert sorted((c.job_id, c.lines, c.eos) for c in chunks) == [
+        ("9001", ["epoch 1", "RuntimeError: NCCL timeout"], True),
+        ("9002", ["KeyError: 'lr'"], True)]
+    events = asyncio.run(read_all(settings, "job-events", idle_s=2.0))
+    assert sorted((e["job_id"], e["attempt"], e["state"]) for e in events) == [
+        ("9001", 0, "FAILED"), ("9002", 0, "FAILED")]
