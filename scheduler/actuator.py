@@ -38,6 +38,7 @@ from typing import IO, Any
 import orjson
 from aiokafka import AIOKafkaConsumer, TopicPartition
 
+from sibylla.scheduler.metrics import ActuatorMetrics
 from sibylla.scheduler.scontrol import Scontrol, SlurmError, timestamp
 from sibylla.schemas.records import Decision, RecordError
 from sibylla.settings import Settings
@@ -143,16 +144,19 @@ class ActuatorStopped(Exception):
 
 
 class Actuator:
-    """Applies decisions one at a time; ``audit`` gets one JSON line per decision.
+    """Applies decisions one at a time; ``audit`` gets one JSON line per decision, and
+    ``metrics`` counts it.
 
     ``sleep`` waits between tries (by default until :attr:`stopping` is set, so that a stop
     ends a wait for slurmctld at once)."""
 
     def __init__(self, settings: Settings, scontrol: Scontrol, audit: IO[bytes],
-                 sleep: Callable[[float], Any] | None = None) -> None:
+                 sleep: Callable[[float], Any] | None = None,
+                 metrics: ActuatorMetrics | None = None) -> None:
         self.settings = settings
         self.scontrol = scontrol
         self.audit = audit
+        self.metrics = metrics or ActuatorMetrics()
         self.stopping = threading.Event()
         self.sleep = sleep if sleep is not None else self.stopping.wait
 
@@ -175,6 +179,18 @@ class Actuator:
             "action": decision.action, "rule": decision.rule, "verdict": decision.verdict,
             "category": decision.category, "commands": [],
         }
+        try:
+            self._apply(decision, record)
+        finally:
+            self.metrics.waiting_since = None
+        self.audit.write(orjson.dumps(record) + b"\n")
+        self.audit.flush()
+        self.metrics.handled(decision.action, record["outcome"])
+        return record
+
+    def _apply(self, decision: Decision, record: dict[str, Any]) -> None:
+        """Try until the decision is applied, skipped or refused for good (its outcome in
+        ``record``), waiting for slurmctld as long as it does not answer."""
         tries = refused = 0
         while True:
             tries += 1
@@ -196,21 +212,21 @@ class Actuator:
             except SlurmError as exc:
                 record.update(tries=tries, last_error=str(exc))
                 if controller_unreachable(exc):
+                    if self.metrics.waiting_since is None:
+                        self.metrics.waiting_since = time.monotonic()
                     if self.stopping.is_set():
                         raise ActuatorStopped(decision.job_id) from exc
                     wait = min(_BACKOFF_S * 2 ** (tries - refused - 1), _MAX_BACKOFF_S)
                     log.warning("slurm actuator: slurmctld does not answer (%s); job %s "
                                 "waits, trying again in %g s", exc, decision.job_id, wait)
                 else:  # refused: try again a few times (a busy controller), then report
+                    self.metrics.waiting_since = None
                     refused += 1
                     if refused == _TRIES:
                         record.update(outcome="failed", why=record.pop("last_error"))
                         break
                     wait = _BACKOFF_S * 2 ** (refused - 1)
                 self.sleep(wait)
-        self.audit.write(orjson.dumps(record) + b"\n")
-        self.audit.flush()
-        return record
 
 
 async def run_actuator(settings: Settings) -> int:
@@ -219,6 +235,11 @@ async def run_actuator(settings: Settings) -> int:
            if settings.slurm_audit_file else sys.stdout.buffer)
     actuator = Actuator(settings, Scontrol(settings.slurm_scontrol,
                                            settings.slurm_command_timeout_s), out)
+    if settings.slurm_actuator_metrics_port:
+        from prometheus_client import start_http_server
+
+        start_http_server(settings.slurm_actuator_metrics_port,
+                          registry=actuator.metrics.registry)
     consumer = AIOKafkaConsumer(
         settings.topic("decisions"), bootstrap_servers=settings.bootstrap_servers,
         group_id=settings.slurm_actuator_group, enable_auto_commit=False,
@@ -234,11 +255,22 @@ async def run_actuator(settings: Settings) -> int:
                     await _handle(actuator, message.value)
                     await consumer.commit({TopicPartition(tp.topic, tp.partition):
                                            message.offset + 1})
+            await _measure_lag(consumer, actuator.metrics)
     finally:
         actuator.stopping.set()  # a decision waiting for slurmctld stops waiting
         await consumer.stop()
         if out is not sys.stdout.buffer:
             out.close()
+
+
+async def _measure_lag(consumer: AIOKafkaConsumer, metrics: ActuatorMetrics) -> None:
+    """Decisions not yet handled per owned partition: the partition's end as the last fetch
+    saw it, less where the actuator stands (every record before it handled)."""
+    for tp in consumer.assignment():
+        end = consumer.highwater(tp)
+        if end is not None:
+            metrics.lag.labels(partition=str(tp.partition)).set(
+                max(0, end - await consumer.position(tp)))
 
 
 async def _handle(actuator: Actuator, value: bytes) -> None:

@@ -188,6 +188,9 @@ class Settings:
     slurm_audit_file: str = setting(
         "", "Where the actuator appends one JSON line per decision it handles; empty: stdout."
     )
+    slurm_actuator_metrics_port: int = setting(
+        9467, "Port of the actuator's /metrics (0: none).", min=0, max=65535
+    )
     slurm_settle_s: float = setting(
         30.0, "Longest the actuator waits for a job to leave COMPLETING before acting.",
         min=0.0

@@ -15,6 +15,7 @@ from prometheus_client import generate_latest
 
 from sibylla.online_learning.gate import Scores
 from sibylla.online_learning.metrics import TrainerMetrics
+from sibylla.scheduler.metrics import ActuatorMetrics
 
 ROOT = Path(__file__).resolve().parents[2]
 RULES = ROOT / "deploy/prometheus/alerts.yml"
@@ -97,6 +98,18 @@ def test_promtool_accepts_the_trainers_metric_names() -> None:
     metrics.set_model("lstm-1")
     metrics.drift.set(0.1)
     metrics.finetune_seconds.set(12.0)
+    result = subprocess.run(["promtool", "check", "metrics"],
+                            input=generate_latest(metrics.registry).decode(),
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+@needs_promtool
+def test_promtool_accepts_the_slurm_actuators_metric_names() -> None:
+    metrics = ActuatorMetrics()
+    metrics.handled("retry", "applied")
+    metrics.lag.labels(partition="0").set(3)
+    metrics.waiting_since = 0.0
     result = subprocess.run(["promtool", "check", "metrics"],
                             input=generate_latest(metrics.registry).decode(),
                             capture_output=True, text=True, timeout=60)

@@ -66,7 +66,7 @@ def make_settings(bootstrap: str, prefix: str, workdir: Path, **overrides: Any) 
     values: dict[str, Any] = {
         "bootstrap_servers": bootstrap, "topic_prefix": prefix, "group_id": prefix + "workers",
         "store": "memory", "data_dir": str(workdir / "worker"), "web_port": free_port(),
-        "grace_period_s": 0.5, "partitions": 4,
+        "slurm_actuator_metrics_port": free_port(), "grace_period_s": 0.5, "partitions": 4,
         # A candidate model can be tested with SIBYLLA_MODEL_PATH; default: the shipped one.
         "model_path": os.environ.get("SIBYLLA_MODEL_PATH", ""),
     }

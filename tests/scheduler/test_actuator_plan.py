@@ -91,6 +91,8 @@ def test_when_scontrol_keeps_failing_the_decision_is_reported_failed_after_retri
     assert "scontrol show job -o 42" in record["why"]
     assert waits == [1.0, 2.0]
     assert orjson.loads(audit.getvalue())["outcome"] == "failed"
+    assert actuator.metrics.registry.get_sample_value(
+        "sibylla_actuator_decisions_total", {"action": "retry", "outcome": "failed"}) == 1
 
 
 class _ControllerDown(Scontrol):
@@ -104,11 +106,13 @@ def test_while_slurmctld_does_not_answer_a_decision_waits_until_the_actuator_sto
     """Never reported failed (its offset would be committed and the job never retried);
     a stop ends the wait without an audit line, so the decision comes again at the next
     start."""
-    audit, waits = io.BytesIO(), []
+    audit, waits, waited = io.BytesIO(), [], []
     actuator = Actuator(SETTINGS, _ControllerDown(), audit)
+    registry = actuator.metrics.registry
 
     def sleep(seconds: float) -> None:
         waits.append(seconds)
+        waited.append(registry.get_sample_value("sibylla_actuator_controller_wait_seconds"))
         if len(waits) == 8:
             actuator.stopping.set()
     actuator.sleep = sleep
@@ -116,3 +120,8 @@ def test_while_slurmctld_does_not_answer_a_decision_waits_until_the_actuator_sto
         actuator.apply(_decision("retry"))
     assert waits == [1.0, 2.0, 4.0, 8.0, 16.0, 30.0, 30.0, 30.0]
     assert audit.getvalue() == b""
+    # The wait an operator's alert reads grows from the first unanswered call, and ends
+    # with it; a stopped decision is not counted as handled.
+    assert waited == sorted(waited) and waited[0] > 0
+    assert registry.get_sample_value("sibylla_actuator_controller_wait_seconds") == 0
+    assert registry.get_sample_value("sibylla_actuator_last_decision_timestamp_seconds") == 0

@@ -5,6 +5,7 @@ job failed. Skipped only where Slurm's binaries are missing (``.ci/run`` install
 from __future__ import annotations
 
 import asyncio
+import collections
 import concurrent.futures
 import dataclasses
 import io
@@ -12,11 +13,13 @@ import os
 import subprocess
 import sys
 import time
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
 import orjson
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from sibylla.scheduler.actuator import Actuator
 from sibylla.scheduler.scontrol import Scontrol
@@ -68,12 +71,28 @@ class ActuatorProcess:
 
     def __init__(self, settings: Settings, cluster: SlurmCluster, audit: Path) -> None:
         self.audit = audit
+        self.metrics_url = f"http://127.0.0.1:{settings.slurm_actuator_metrics_port}/metrics"
         env = {**os.environ, **settings.to_env(), "SLURM_CONF": str(cluster.conf),
                "SIBYLLA_SLURM_AUDIT_FILE": str(audit)}
         self.log = open(audit.with_suffix(".log"), "ab")  # noqa: SIM115
         self.proc = subprocess.Popen([sys.executable, "-m", "sibylla", "slurm", "actuator"],
                                      stdout=self.log, stderr=subprocess.STDOUT, env=env,
                                      stdin=subprocess.DEVNULL)
+
+    def handled(self) -> dict[tuple[str, str], float]:
+        """Decisions handled by (action, outcome), from the actuator's /metrics; only those
+        with any."""
+        text = urllib.request.urlopen(self.metrics_url, timeout=5).read().decode()
+        return {(s.labels["action"], s.labels["outcome"]): s.value
+                for family in text_string_to_metric_families(text)
+                if family.name == "sibylla_actuator_decisions"
+                for s in family.samples if s.name.endswith("_total") and s.value}
+
+    def lag(self) -> dict[str, float]:
+        """Decisions on the topic the actuator has not handled, by partition."""
+        text = urllib.request.urlopen(self.metrics_url, timeout=5).read().decode()
+        return {s.labels["partition"]: s.value for family in text_string_to_metric_families(text)
+                if family.name == "sibylla_actuator_lag" for s in family.samples}
 
     def lines(self) -> list[dict[str, object]]:
         if not self.audit.exists():
@@ -188,11 +207,20 @@ def test_slurm_jobs_are_stopped_requeued_or_sent_elsewhere_by_their_decisions(
         assert node_decision.exclude_nodes == [failed_node]
         assert (nccl, 1) not in decided  # a completed attempt needs no decision
 
-        applied = {(a["job_id"], a["attempt"]): a for a in actuator.wait_lines(len(decided))}
+        audited = actuator.wait_lines(len(decided))
+        applied = {(a["job_id"], a["attempt"]): a for a in audited}
         assert applied[(imp, 0)]["outcome"] == "skipped"
         assert applied[(nccl, 0)]["outcome"] == "applied"
         assert applied[(same, 2)]["outcome"] == "skipped"
         assert applied[(node, 0)]["commands"][0][1] == "update"  # slurmctld requeued it
+        # What an operator's Prometheus sees: every decision handled, by its outcome, and
+        # none left behind.
+        assert actuator.handled() == collections.Counter(
+            (a["action"], a["outcome"]) for a in audited)
+        deadline = time.monotonic() + 10
+        while any(actuator.lag().values()) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert actuator.lag() == {str(p): 0 for p in range(settings.partitions)}
 
         # The failed node is blamed: in the worker's metric and in `sibylla nodes`.
         assert (f'sibylla_node_blames_total{{node="{failed_node}"}} 1.0'
@@ -302,15 +330,21 @@ def test_a_decision_made_while_slurmctld_restarts_waits_for_it_and_is_applied(
     # Each call fails within 2 s while the controller is down: three tries took ~9 s.
     scontrol = Scontrol("scontrol", 2.0, {"SLURM_CONF": str(cluster.conf)})
     actuator = Actuator(Settings.from_env({}), scontrol, io.BytesIO())
+    registry = actuator.metrics.registry
     cluster.stop_controller()
     with concurrent.futures.ThreadPoolExecutor(1) as pool:
         try:
             applying = pool.submit(actuator.apply, decision)
             time.sleep(15.0)
             assert not applying.done(), applying.result()
+            # What the operator's alert reads: how long the decision has waited.
+            assert registry.get_sample_value("sibylla_actuator_controller_wait_seconds") > 10
         finally:
             cluster.start_controller()
         record = applying.result(timeout=90)
     assert record["outcome"] == "applied", record
+    assert registry.get_sample_value("sibylla_actuator_controller_wait_seconds") == 0
+    assert registry.get_sample_value("sibylla_actuator_decisions_total",
+                                     {"action": "retry", "outcome": "applied"}) == 1
     assert record["tries"] > 3 and "no answer within" in record["last_error"]
     cluster.wait_job(job_id, lambda j: j["JobState"] == "FAILED" and j["Restarts"] == "1")
