@@ -6,7 +6,7 @@ import argparse
 import sys
 from typing import Any
 
-from sibylla.settings import add_settings_arguments, settings_from_args
+from sibylla.settings import Settings, SettingsError, add_settings_arguments, settings_from_args
 
 __all__ = ["register"]
 
@@ -41,13 +41,23 @@ def register(subparsers: Any) -> None:
     a.set_defaults(func=_actuator)
 
 
+def _with_brokers(args: argparse.Namespace, command: str) -> Settings:
+    """The settings, which must name the brokers: an epilog without them would keep every
+    attempt in its spool as if the broker were away, and an actuator would follow nothing."""
+    settings = settings_from_args(args)
+    if not settings.bootstrap_servers:
+        raise SettingsError(f"bootstrap_servers: required for {command} "
+                            "(SIBYLLA_BOOTSTRAP_SERVERS or --bootstrap-servers)")
+    return settings
+
+
 def _epilog(args: argparse.Namespace) -> int:
     import os
 
     from sibylla.scheduler.epilog import run_epilog
 
-    settings = settings_from_args(args)
     try:
+        settings = _with_brokers(args, "the epilog")
         print(run_epilog(settings, os.environ), file=sys.stderr)
     except Exception as exc:  # noqa: BLE001 - slurmctld logs one line; the job is untouched
         print(f"sibylla epilog: job {os.environ.get('SLURM_JOB_ID', '?')}: not published: "
@@ -59,7 +69,7 @@ def _epilog(args: argparse.Namespace) -> int:
 def _drain_spool(args: argparse.Namespace) -> int:
     from sibylla.scheduler.epilog import drain_spool
 
-    published, left = drain_spool(settings_from_args(args))
+    published, left = drain_spool(_with_brokers(args, "drain-spool"))
     print(f"sibylla slurm drain-spool: {published} spooled attempt(s) published, {left} left",
           file=sys.stderr)
     return 1 if left else 0
@@ -69,10 +79,5 @@ def _actuator(args: argparse.Namespace) -> int:
     import asyncio
 
     from sibylla.scheduler.actuator import run_actuator
-    from sibylla.settings import SettingsError
 
-    settings = settings_from_args(args)
-    if not settings.bootstrap_servers:
-        raise SettingsError("bootstrap_servers: required for the actuator "
-                            "(SIBYLLA_BOOTSTRAP_SERVERS or --bootstrap-servers)")
-    return asyncio.run(run_actuator(settings))
+    return asyncio.run(run_actuator(_with_brokers(args, "the actuator")))

@@ -365,7 +365,7 @@ def run_epilog(settings: Settings, env: Mapping[str, str]) -> str:
         path = spool.put(held[0] if held else shipment)
         for cursor, output, end in cursors:  # the spool holds these lines now
             cursor.save(output, end)
-        kept = "its event (its lines were delivered)" if held else "it"
+        kept = "its event (the broker holds its lines)" if held else "its lines and event"
         raise Spooled(f"broker away ({type(exc).__name__}: {exc}); job {e.job_id} attempt "
                       f"{e.attempt}: {kept} kept in {path} for a later epilog run") from exc
     for cursor, output, end in cursors:

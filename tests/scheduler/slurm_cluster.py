@@ -119,7 +119,9 @@ class SlurmCluster:
     # ------------------------------------------------------------------ configuration
     def configure_epilog(self, env: Mapping[str, str]) -> None:
         """(Re)write the EpilogSlurmctld wrapper with these variables (a test's SIBYLLA_*
-        settings); slurmctld reads the script anew for every job."""
+        settings); slurmctld reads the script anew for every job. Its state (cursors, spool)
+        stays under the cluster's directory unless ``env`` says otherwise."""
+        env = {"SIBYLLA_SLURM_EPILOG_STATE_DIR": str(self.root / "epilog-state"), **env}
         exports = "\n".join(f"export {k}={shlex.quote(v)}" for k, v in env.items())
         script = self.root / "epilog.sh"
         script.write_text(

@@ -102,6 +102,18 @@ def test_without_a_broker_the_epilog_gives_up_within_its_bound(tmp_path: Path) -
     assert "sibylla epilog: job 9001: not published" in done.stderr
 
 
+def test_an_epilog_not_told_the_brokers_says_so_and_keeps_nothing(tmp_path: Path) -> None:
+    """Not a broker that is away: spooled, the attempt would wait for a broker no run of
+    this configuration ever reaches, and slurmctld's log would say only "broker away"."""
+    (tmp_path / "out").mkdir()
+    (tmp_path / "out" / "train-9001.out").write_text("KeyError: 'lr'\n")
+    done = _epilog(Settings.from_env({}), tmp_path, 0, "1:0")
+    assert done.returncode == 1
+    assert ("sibylla epilog: job 9001: not published: SettingsError: bootstrap_servers: "
+            "required for the epilog") in done.stderr
+    assert not (tmp_path / "state").exists()
+
+
 @pytest.mark.parametrize("drainer", ["the next epilog", "drain-spool"])
 def test_an_attempt_that_ends_while_the_broker_is_away_is_published_later_once(
         broker: object, unique_prefix: str, tmp_path: Path, drainer: str) -> None:
@@ -204,7 +216,7 @@ def test_an_attempt_whose_event_the_broker_missed_after_its_lines_gets_its_lines
     if held_by == "its own epilog":
         with monkeypatch.context() as patch:
             patch.setattr(Shipper, "send_event", broker_gone)
-            with pytest.raises(Spooled, match=r"its event \(its lines were delivered\) kept"):
+            with pytest.raises(Spooled, match=r"its event \(the broker holds its lines\) kept"):
                 run_epilog(in_process, _slurm_env(tmp_path, 0, "1:0", "9001"))
     else:
         away = dataclasses.replace(settings, bootstrap_servers="127.0.0.1:9",
