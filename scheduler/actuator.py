@@ -36,7 +36,8 @@ from dataclasses import dataclass, field
 from typing import IO, Any
 
 import orjson
-from aiokafka import AIOKafkaConsumer, TopicPartition
+from aiokafka import AIOKafkaConsumer, ConsumerRecord, TopicPartition
+from aiokafka.errors import CommitFailedError, IllegalStateError
 
 from sibylla.scheduler.metrics import ActuatorMetrics
 from sibylla.scheduler.scontrol import Scontrol, SlurmError, timestamp
@@ -250,17 +251,33 @@ async def run_actuator(settings: Settings) -> int:
     try:
         while True:
             batch = await consumer.getmany(timeout_ms=500)
-            for tp, records in batch.items():
-                for message in records:
-                    await _handle(actuator, message.value)
-                    await consumer.commit({TopicPartition(tp.topic, tp.partition):
-                                           message.offset + 1})
+            await _apply_batch(consumer, actuator, batch)
             await _measure_lag(consumer, actuator.metrics)
     finally:
         actuator.stopping.set()  # a decision waiting for slurmctld stops waiting
         await consumer.stop()
         if out is not sys.stdout.buffer:
             out.close()
+
+
+async def _apply_batch(consumer: AIOKafkaConsumer, actuator: Actuator,
+                       batch: Mapping[TopicPartition, list[ConsumerRecord[Any, Any]]]) -> None:
+    """Apply and commit each decision of ``batch`` in turn. A decision that waited for
+    slurmctld longer than the consumer's ``max_poll_interval_ms`` (5 min) made the consumer
+    leave its group: its commit then fails, and so would the rest of the batch's. The
+    decision was applied; the next fetch rejoins the group and gets it again, which the job's
+    state makes a skip."""
+    for tp, records in batch.items():
+        for message in records:
+            await _handle(actuator, message.value)
+            try:
+                await consumer.commit({TopicPartition(tp.topic, tp.partition):
+                                       message.offset + 1})
+            except (CommitFailedError, IllegalStateError) as exc:
+                log.warning("slurm actuator: the decision at %s[%d]@%d was applied but not "
+                            "committed: the group moved on while it waited (%s); fetching again",
+                            tp.topic, tp.partition, message.offset, exc)
+                return
 
 
 async def _measure_lag(consumer: AIOKafkaConsumer, metrics: ActuatorMetrics) -> None:

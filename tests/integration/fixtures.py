@@ -65,6 +65,7 @@ async def create_topic_taking_at_most(settings: Settings, name: str, max_bytes: 
 def make_settings(bootstrap: str, prefix: str, workdir: Path, **overrides: Any) -> Settings:
     values: dict[str, Any] = {
         "bootstrap_servers": bootstrap, "topic_prefix": prefix, "group_id": prefix + "workers",
+        "slurm_actuator_group": prefix + "slurm-actuator",
         "store": "memory", "data_dir": str(workdir / "worker"), "web_port": free_port(),
         "slurm_actuator_metrics_port": free_port(), "grace_period_s": 0.5, "partitions": 4,
         # A candidate model can be tested with SIBYLLA_MODEL_PATH; default: the shipped one.

@@ -8,23 +8,30 @@ import asyncio
 import collections
 import concurrent.futures
 import dataclasses
+import functools
 import io
 import os
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Coroutine, Iterator
 from pathlib import Path
+from typing import Any
 
 import orjson
 import pytest
+from aiokafka import AIOKafkaConsumer
 from prometheus_client.parser import text_string_to_metric_families
 
-from sibylla.scheduler.actuator import Actuator
+from sibylla.scheduler import actuator as actuator_module
+from sibylla.scheduler.actuator import Actuator, run_actuator
 from sibylla.scheduler.scontrol import Scontrol
 from sibylla.schemas.records import Decision
 from sibylla.settings import Settings
+from sibylla.streams.ship import Shipper
+from sibylla.streams.topics import ensure_topics
 from tests.integration.fixtures import (
     NONDETERMINISTIC_LOG,
     make_settings,
@@ -348,3 +355,108 @@ def test_a_decision_made_while_slurmctld_restarts_waits_for_it_and_is_applied(
                                      {"action": "retry", "outcome": "applied"}) == 1
     assert record["tries"] > 3 and "no answer within" in record["last_error"]
     cluster.wait_job(job_id, lambda j: j["JobState"] == "FAILED" and j["Restarts"] == "1")
+
+
+
+class LoopThread:
+    """A coroutine on an event loop of its own in a thread (an actuator whose consumer a test
+    sets up, or another member of its group), stopped by cancelling it."""
+
+    def __init__(self, coroutine: Coroutine[Any, Any, Any]) -> None:
+        self.loop = asyncio.new_event_loop()
+        self.task = self.loop.create_task(coroutine)
+        self.error: BaseException | None = None
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        try:
+            self.loop.run_until_complete(self.task)
+        except asyncio.CancelledError:
+            pass
+        except BaseException as exc:  # noqa: BLE001 - the test reports it
+            self.error = exc
+
+    def stop(self) -> None:
+        self.loop.call_soon_threadsafe(self.task.cancel)
+        self.thread.join(30)
+
+
+async def _group_member(settings: Settings) -> None:
+    """A second member of the actuator's group that takes partitions and acts on nothing."""
+    consumer = AIOKafkaConsumer(settings.topic("decisions"),
+                                bootstrap_servers=settings.bootstrap_servers,
+                                group_id=settings.slurm_actuator_group,
+                                enable_auto_commit=False)
+    await consumer.start()
+    try:
+        while True:
+            await consumer.getmany(timeout_ms=200)
+    finally:
+        await consumer.stop()
+
+
+async def _publish(settings: Settings, *decisions: Decision) -> None:
+    async with Shipper(settings) as shipper:
+        for d in decisions:
+            await shipper.send_raw(settings.topic("decisions"), d.job_id.encode(), d.to_json())
+        await shipper.flush()
+
+
+def test_an_actuator_whose_group_moved_on_while_it_waited_applies_and_goes_on(
+        broker: object, cluster: SlurmCluster, unique_prefix: str, tmp_path: Path,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A slurmctld restart longer than the consumer's ``max_poll_interval_ms`` (5 min; 3 s
+    here) while another member is in the group (a second actuator): the waiting consumer
+    was put out of the group, the commit after applying its decision raised, and the
+    actuator exited; no later decision reached Slurm until someone restarted it."""
+    audit = tmp_path / "audit.jsonl"
+    settings = make_settings(broker.bootstrap_servers,  # type: ignore[attr-defined]
+                             unique_prefix, tmp_path, slurm_audit_file=audit,
+                             slurm_actuator_metrics_port=0, slurm_command_timeout_s=2.0)
+    asyncio.run(ensure_topics(settings))
+    cluster.configure_epilog({})
+    first, second = (cluster.sbatch(_print(NONDETERMINISTIC_LOG) + "exit 1\n", name)
+                     for name in ("long-wait", "after-it"))
+    for job_id in (first, second):
+        cluster.wait_job(job_id, lambda j: j["JobState"] == "FAILED")
+    monkeypatch.setenv("SLURM_CONF", str(cluster.conf))
+    monkeypatch.setattr(actuator_module, "AIOKafkaConsumer",
+                        functools.partial(AIOKafkaConsumer, max_poll_interval_ms=3000))
+
+    def retry(job_id: str) -> Decision:
+        return Decision(job_id, 0, "nondeterministic", 0.99, "collective_timeout", "retry",
+                        [], [], "m", time.time(), 1.0, state="FAILED")
+
+    def audited() -> list[tuple[str, str]]:
+        lines = audit.read_bytes().splitlines() if audit.exists() else []
+        return [(r["job_id"], r["outcome"]) for r in map(orjson.loads, lines)]
+
+    actuator = LoopThread(run_actuator(settings))
+    try:
+        # Once it has handled a decision (for a job slurmctld does not know), the actuator
+        # is the group's only member and owns every partition.
+        asyncio.run(_publish(settings, retry("424242")))
+        deadline = time.monotonic() + 60
+        while ("424242", "skipped") not in audited() and time.monotonic() < deadline:
+            time.sleep(0.2)
+        cluster.stop_controller()
+        try:
+            asyncio.run(_publish(settings, retry(first)))
+            time.sleep(2.0)  # the actuator holds the decision, waiting for slurmctld
+            other = LoopThread(_group_member(settings))
+            time.sleep(8.0)  # the group goes on without the waiting actuator
+        finally:
+            cluster.start_controller()
+        cluster.wait_job(first, lambda j: j["Restarts"] == "1")
+        deadline = time.monotonic() + 30  # its audit line comes once the job is requeued
+        while (first, "applied") not in audited() and time.monotonic() < deadline:
+            time.sleep(0.2)
+        other.stop()
+        asyncio.run(_publish(settings, retry(second)))
+        cluster.wait_job(second, lambda j: j["Restarts"] == "1", 60.0)
+    finally:
+        actuator.stop()
+    assert actuator.error is None, repr(actuator.error)
+    outcomes = audited()
+    assert outcomes.count((first, "applied")) == 1 and (second, "applied") in outcomes, outcomes
