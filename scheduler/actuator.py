@@ -44,7 +44,7 @@ from sibylla.scheduler.scontrol import Scontrol, SlurmError, timestamp
 from sibylla.schemas.records import Decision, RecordError
 from sibylla.settings import Settings
 
-__all__ = ["Actuator", "ActuatorStopped", "Plan", "controller_unreachable", "plan",
+__all__ = ["Actuator", "ActuatorStopped", "Plan", "Room", "controller_unreachable", "plan",
            "run_actuator"]
 
 log = logging.getLogger(__name__)
@@ -73,24 +73,68 @@ _BACKOFF_S = 1.0
 
 @dataclass(frozen=True)
 class Plan:
-    """What to do about one decision: scontrol calls (in order), or why nothing."""
+    """What to do about one decision: scontrol calls (in order), or why nothing; ``note``:
+    what the calls leave out of the decision, and why."""
 
     commands: list[list[str]] = field(default_factory=list)
     why: str = ""
+    note: str = ""
 
 
-def _exclusion(job: Mapping[str, str], decision: Decision) -> str:
-    """The job's ExcNodeList with the decision's nodes added (order kept, no repeats)."""
+@dataclass(frozen=True)
+class Room:
+    """Where a job can run: its partition's nodes and the nodes it already excludes (both
+    expanded; ``scontrol show job`` may print ``ExcNodeList=gpu[01-03]``)."""
+
+    nodes: tuple[str, ...]
+    excluded: tuple[str, ...]
+
+
+def _nodes_needed(job: Mapping[str, str]) -> int:
+    """The fewest nodes the job runs on (``NumNodes=2`` or ``2-4``)."""
+    low = job.get("NumNodes", "1").split("-")[0]
+    return int(low) if low.isdigit() else 1
+
+
+def _excluded_now(job: Mapping[str, str], room: Room | None) -> list[str]:
+    if room is not None:
+        return list(room.excluded)
     current = job.get("ExcNodeList", "(null)")
-    nodes = [] if current in ("(null)", "") else current.split(",")
-    for node in decision.exclude_nodes or decision.avoid_nodes:
-        if node not in nodes:
-            nodes.append(node)
-    return ",".join(nodes)
+    return [] if current in ("(null)", "") else current.split(",")
 
 
-def plan(decision: Decision, job: Mapping[str, str] | None, settings: Settings) -> Plan:
-    """The scontrol calls that apply ``decision`` to the job as it is now (pure: no calls)."""
+def _exclusion(job: Mapping[str, str], decision: Decision, room: Room | None
+               ) -> tuple[list[str], str]:
+    """The job's excluded nodes with the decision's added (order kept, no repeats), and a
+    note on those left out: Slurm takes an ExcNodeList that leaves a job fewer nodes than it
+    needs and keeps the job pending for ever, so a node is added only while the partition
+    keeps enough (``room``; the most recently blamed node first). A job that needs the
+    whole partition is requeued where it was."""
+    excluded = _excluded_now(job, room)
+    wanted = [n for n in dict.fromkeys(decision.exclude_nodes or decision.avoid_nodes)
+              if n not in excluded]
+    if room is None:
+        return excluded + wanted, ""
+    usable, need = set(room.nodes) - set(excluded), _nodes_needed(job)
+    left_in: list[str] = []
+    for node in reversed(wanted):  # the decision lists the most recently blamed last
+        if node in usable:
+            if len(usable) <= need:
+                left_in.append(node)
+                continue
+            usable.discard(node)
+    if not left_in:
+        return excluded + wanted, ""
+    note = (f"not excluded: {','.join(reversed(left_in))} (the job needs {need} of the "
+            f"{len(room.nodes)} nodes of its partition, {len(usable)} left)")
+    return excluded + [n for n in wanted if n not in left_in], note
+
+
+def plan(decision: Decision, job: Mapping[str, str] | None, settings: Settings,
+         room: Room | None = None) -> Plan:
+    """The scontrol calls that apply ``decision`` to the job as it is now (pure: no calls);
+    ``room``: where the job can run, for ``retry_elsewhere`` (else nodes are excluded
+    whatever is left)."""
     job_id, attempt, action = decision.job_id, decision.attempt, decision.action
     if job is None:
         return Plan(why="slurmctld does not know the job (any more)")
@@ -110,18 +154,26 @@ def plan(decision: Decision, job: Mapping[str, str] | None, settings: Settings) 
         if action == "retry":
             return Plan([["requeue", job_id], ["update", *start_now]])
         if action == "retry_elsewhere":
-            return Plan([["requeue", job_id],
-                         ["update", *start_now, f"ExcNodeList={_exclusion(job, decision)}"]])
+            exclusion, note = _exclusion(job, decision, room)
+            update = ["update", *start_now]
+            if exclusion != _excluded_now(job, room):
+                update.append(f"ExcNodeList={','.join(exclusion)}")
+            return Plan([["requeue", job_id], update], note=note)
         if settings.slurm_do_not_retry == "requeuehold":
             return Plan([["requeuehold", job_id]])
         return Plan(why="do_not_retry: the job stays failed")
     if (restarts == attempt + 1 and state == "PENDING"
             and decision.state in _REQUEUED_BY_SLURM):
         if action == "retry_elsewhere":
-            exclusion = _exclusion(job, decision)
-            if exclusion == job.get("ExcNodeList") and job.get("Reason") != "BeginTime":
-                return Plan(why="already applied: nodes excluded, start time released")
-            return Plan([["update", *start_now, f"ExcNodeList={exclusion}"]])
+            exclusion, note = _exclusion(job, decision, room)
+            unchanged = exclusion == _excluded_now(job, room)
+            if unchanged and job.get("Reason") != "BeginTime":
+                return Plan(why="already applied: nodes excluded, start time released",
+                            note=note)
+            update = ["update", *start_now]
+            if not unchanged:
+                update.append(f"ExcNodeList={','.join(exclusion)}")
+            return Plan([update], note=note)
         if action == "retry":
             return Plan([["update", *start_now]])
         if action == "do_not_retry":
@@ -173,6 +225,10 @@ class Actuator:
                 return job
             self.sleep(0.25)
 
+    def _room(self, job: Mapping[str, str]) -> Room:
+        return Room(tuple(self.scontrol.partition_nodes(job.get("Partition", ""))),
+                    tuple(self.scontrol.hostnames(job.get("ExcNodeList", ""))))
+
     def apply(self, decision: Decision) -> dict[str, Any]:
         """Apply one decision; returns (and writes) its audit record."""
         record: dict[str, Any] = {
@@ -199,8 +255,12 @@ class Actuator:
                 # Planned anew on each try: a half-applied plan (requeued, not yet released)
                 # is seen as such and not requeued twice (Slurm then starts it after 120 s).
                 job = self._settled(decision.job_id)
-                todo = plan(decision, job, self.settings)
+                room = (self._room(job) if job is not None
+                        and decision.action == "retry_elsewhere" else None)
+                todo = plan(decision, job, self.settings, room)
                 record["commands"] = [["scontrol", *c] for c in todo.commands]
+                if todo.note:
+                    record["note"] = todo.note
                 if not todo.commands:
                     record.update(outcome="skipped", why=todo.why)
                 elif self.settings.slurm_mode == "dry-run":

@@ -25,7 +25,8 @@ class SlurmError(RuntimeError):
 
 
 def parse_job(line: str) -> dict[str, str]:
-    """The fields of one job from ``scontrol show job -o`` (one line per job)."""
+    """The fields of one job from ``scontrol show job -o`` (one line per job; also one
+    partition of ``scontrol show partition -o``)."""
     fields: dict[str, str] = {}
     keys = list(_KEY.finditer(line))
     for i, m in enumerate(keys):
@@ -78,6 +79,16 @@ class Scontrol:
             raise
         first = out.strip().splitlines()[:1]
         return parse_job(first[0]) if first else None
+
+    def partition_nodes(self, partitions: str) -> list[str]:
+        """The nodes of the partitions in ``partitions`` (a job's ``Partition``: one name, or
+        several while it is pending), expanded, each once."""
+        nodes: list[str] = []
+        for name in filter(None, partitions.split(",")):
+            first = self.run(["show", "partition", "-o", name]).strip().splitlines()[:1]
+            fields = parse_job(first[0]) if first else {}
+            nodes.extend(self.hostnames(fields.get("Nodes", "")))
+        return list(dict.fromkeys(nodes))
 
     def hostnames(self, nodelist: str) -> list[str]:
         """A compressed node list (``gpu[01-03]``) expanded to host names."""

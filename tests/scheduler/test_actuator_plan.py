@@ -8,7 +8,7 @@ import io
 import orjson
 import pytest
 
-from sibylla.scheduler.actuator import Actuator, ActuatorStopped, plan
+from sibylla.scheduler.actuator import Actuator, ActuatorStopped, Room, plan
 from sibylla.scheduler.scontrol import Scontrol, SlurmError
 from sibylla.schemas.records import Decision
 from sibylla.settings import Settings
@@ -39,6 +39,26 @@ def test_retry_elsewhere_adds_the_nodes_to_the_exclusion_list() -> None:
     assert plan(d, _job(ExcNodeList="gpu01,gpu03"), SETTINGS).commands == [
         ["requeue", "42"],
         ["update", "jobid=42", "StartTime=now+2", "ExcNodeList=gpu01,gpu03,gpu07"]]
+
+
+def test_retry_elsewhere_never_leaves_a_job_fewer_nodes_than_it_needs() -> None:
+    """Slurm takes such an ExcNodeList and keeps the job pending for ever (seen on the test
+    cluster): the most recently blamed nodes are excluded while enough are left."""
+    gpus = tuple(f"gpu0{i}" for i in range(1, 9))
+    d = _decision("retry_elsewhere", exclude_nodes=["gpu01", "gpu02", "gpu03", "cpu99"])
+    got = plan(d, _job(NumNodes="6"), SETTINGS, Room(gpus, ()))
+    assert got.commands == [
+        ["requeue", "42"],
+        ["update", "jobid=42", "StartTime=now+2", "ExcNodeList=gpu02,gpu03,cpu99"]]
+    assert got.note == ("not excluded: gpu01 (the job needs 6 of the 8 nodes of its "
+                        "partition, 6 left)")
+    # A job on the whole partition is requeued where it ran; what it excluded stays.
+    whole = plan(d, _job(NumNodes="7-8", ExcNodeList="gpu0[7-8]"), SETTINGS,
+                 Room(gpus, ("gpu07", "gpu08")))
+    assert whole.commands == [
+        ["requeue", "42"],
+        ["update", "jobid=42", "StartTime=now+2", "ExcNodeList=gpu07,gpu08,cpu99"]]
+    assert whole.note.startswith("not excluded: gpu01,gpu02,gpu03 (the job needs 7")
 
 
 def test_do_not_retry_leaves_the_job_failed_or_holds_it_for_a_human() -> None:

@@ -460,3 +460,21 @@ def test_an_actuator_whose_group_moved_on_while_it_waited_applies_and_goes_on(
     assert actuator.error is None, repr(actuator.error)
     outcomes = audited()
     assert outcomes.count((first, "applied")) == 1 and (second, "applied") in outcomes, outcomes
+
+
+def test_a_job_on_every_node_sent_elsewhere_runs_again_where_it_can(
+        cluster: SlurmCluster) -> None:
+    """retry_elsewhere for a job that needs both nodes: excluding its failed node, as the
+    decision asks, left it pending for ever (Slurm takes the ExcNodeList); it now runs again
+    on what the partition has, and the audit says which node it could not avoid."""
+    cluster.configure_epilog({})
+    job_id = cluster.sbatch(_print(NONDETERMINISTIC_LOG) + "exit 1\n", "wide", "-N2")
+    cluster.wait_job(job_id, lambda j: j["JobState"] == "FAILED")
+    decision = Decision(job_id, 0, "nondeterministic", 0.99, "gpu_hardware", "retry_elsewhere",
+                        ["node1"], [], "m", time.time(), 1.0, state="FAILED",
+                        exclude_nodes=["node1"])
+    record = Actuator(Settings.from_env({}), cluster.scontrol, io.BytesIO()).apply(decision)
+    assert record["outcome"] == "applied", record
+    assert record["note"].startswith("not excluded: node1 (the job needs 2 of the 2 nodes")
+    job = cluster.wait_job(job_id, lambda j: j["Restarts"] == "1" and _finished(j), 60.0)
+    assert job["ExcNodeList"] == "(null)"
