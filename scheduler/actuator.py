@@ -324,9 +324,10 @@ async def _apply_batch(consumer: AIOKafkaConsumer, actuator: Actuator,
                        batch: Mapping[TopicPartition, list[ConsumerRecord[Any, Any]]]) -> None:
     """Apply and commit each decision of ``batch`` in turn. A decision that waited for
     slurmctld longer than the consumer's ``max_poll_interval_ms`` (5 min) made the consumer
-    leave its group: its commit then fails, and so would the rest of the batch's. The
-    decision was applied; the next fetch rejoins the group and gets it again, which the job's
-    state makes a skip."""
+    leave its group; where another member (a second actuator) took its partitions meanwhile,
+    its commit fails, and so would the rest of the batch's. The decision was applied; the
+    next fetch rejoins the group, and whoever gets the decision again skips it (the job has
+    moved on)."""
     for tp, records in batch.items():
         for message in records:
             await _handle(actuator, message.value)
@@ -343,11 +344,16 @@ async def _apply_batch(consumer: AIOKafkaConsumer, actuator: Actuator,
 async def _measure_lag(consumer: AIOKafkaConsumer, metrics: ActuatorMetrics) -> None:
     """Decisions not yet handled per owned partition: the partition's end as the last fetch
     saw it, less where the actuator stands (every record before it handled)."""
+    lags: dict[int, int] = {}
     for tp in consumer.assignment():
         end = consumer.highwater(tp)
-        if end is not None:
-            metrics.lag.labels(partition=str(tp.partition)).set(
-                max(0, end - await consumer.position(tp)))
+        if end is None:
+            continue
+        try:
+            lags[tp.partition] = max(0, end - await consumer.position(tp))
+        except IllegalStateError:  # revoked by a rebalance meanwhile
+            continue
+    metrics.set_lag(lags)
 
 
 async def _handle(actuator: Actuator, value: bytes) -> None:

@@ -9,6 +9,7 @@ did with each decision (outcomes: a ``failed`` one left a job unhandled).
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping
 from typing import get_args
 
 from prometheus_client import CollectorRegistry, Counter, Gauge
@@ -36,6 +37,7 @@ class ActuatorMetrics:
         self.lag = Gauge("sibylla_actuator_lag", "Decisions on the topic not yet handled, per "
                          "partition (as of the actuator's last fetch).", ["partition"],
                          registry=r)
+        self._lagging: set[int] = set()
         self.waiting_since: float | None = None  # monotonic; set while slurmctld is silent
         wait = Gauge("sibylla_actuator_controller_wait_seconds", "How long the decision in "
                      "hand has waited for slurmctld to answer (0: not waiting).", registry=r)
@@ -47,6 +49,15 @@ class ActuatorMetrics:
     def _waited(self) -> float:
         since = self.waiting_since
         return 0.0 if since is None else time.monotonic() - since
+
+    def set_lag(self, lags: Mapping[int, int]) -> None:
+        """The lag of the partitions owned now; those owned no more are dropped (another
+        actuator of the group reports them, and a stale value would count twice)."""
+        for partition in self._lagging - lags.keys():
+            self.lag.remove(str(partition))
+        for partition, lag in lags.items():
+            self.lag.labels(partition=str(partition)).set(lag)
+        self._lagging = set(lags)
 
     def handled(self, action: str, outcome: str) -> None:
         self.decisions.labels(action=action, outcome=outcome).inc()

@@ -108,7 +108,7 @@ def test_promtool_accepts_the_trainers_metric_names() -> None:
 def test_promtool_accepts_the_slurm_actuators_metric_names() -> None:
     metrics = ActuatorMetrics()
     metrics.handled("retry", "applied")
-    metrics.lag.labels(partition="0").set(3)
+    metrics.set_lag({0: 3})
     metrics.waiting_since = 0.0
     result = subprocess.run(["promtool", "check", "metrics"],
                             input=generate_latest(metrics.registry).decode(),

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 import io
 
 import orjson
 import pytest
 
 from sibylla.scheduler.actuator import Actuator, ActuatorStopped, Room, plan
+from sibylla.scheduler.metrics import ActuatorMetrics
 from sibylla.scheduler.scontrol import Scontrol, SlurmError
 from sibylla.schemas.records import Decision
 from sibylla.settings import Settings
@@ -145,3 +147,12 @@ def test_while_slurmctld_does_not_answer_a_decision_waits_until_the_actuator_sto
     assert waited == sorted(waited) and waited[0] > 0
     assert registry.get_sample_value("sibylla_actuator_controller_wait_seconds") == 0
     assert registry.get_sample_value("sibylla_actuator_last_decision_timestamp_seconds") == 0
+
+
+def test_the_lag_of_a_partition_another_actuator_took_is_no_longer_reported() -> None:
+    """Summed over a group's actuators, a stale value would count its decisions twice."""
+    metrics = ActuatorMetrics()
+    metrics.set_lag({0: 5, 1: 2})
+    metrics.set_lag({1: 0})  # partition 0 went to another member of the group
+    lag = functools.partial(metrics.registry.get_sample_value, "sibylla_actuator_lag")
+    assert (lag({"partition": "0"}), lag({"partition": "1"})) == (None, 0)
