@@ -83,8 +83,9 @@ class Plan:
 
 @dataclass(frozen=True)
 class Room:
-    """Where a job can run: its partition's nodes and the nodes it already excludes (both
-    expanded; ``scontrol show job`` may print ``ExcNodeList=gpu[01-03]``)."""
+    """Where a job can run: its partition's nodes that take jobs now (not down or drained)
+    and the nodes it already excludes (both expanded; ``scontrol show job`` may print
+    ``ExcNodeList=gpu[01-03]``)."""
 
     nodes: tuple[str, ...]
     excluded: tuple[str, ...]
@@ -107,9 +108,9 @@ def _exclusion(job: Mapping[str, str], decision: Decision, room: Room | None
                ) -> tuple[list[str], str]:
     """The job's excluded nodes with the decision's added (order kept, no repeats), and a
     note on those left out: Slurm takes an ExcNodeList that leaves a job fewer nodes than it
-    needs and keeps the job pending for ever, so a node is added only while the partition
-    keeps enough (``room``; the most recently blamed node first). A job that needs the
-    whole partition is requeued where it was."""
+    needs and keeps the job pending for ever, so a node is added only while the partition's
+    nodes that take jobs keep enough (``room``; the most recently blamed node first). A job
+    that needs all of them is requeued where it was."""
     excluded = _excluded_now(job, room)
     wanted = [n for n in dict.fromkeys(decision.exclude_nodes or decision.avoid_nodes)
               if n not in excluded]
@@ -126,7 +127,7 @@ def _exclusion(job: Mapping[str, str], decision: Decision, room: Room | None
     if not left_in:
         return excluded + wanted, ""
     note = (f"not excluded: {','.join(reversed(left_in))} (the job needs {need} of the "
-            f"{len(room.nodes)} nodes of its partition, {len(usable)} left)")
+            f"{len(room.nodes)} nodes of its partition that take jobs, {len(usable)} left)")
     return excluded + [n for n in wanted if n not in left_in], note
 
 
@@ -226,7 +227,7 @@ class Actuator:
             self.sleep(0.25)
 
     def _room(self, job: Mapping[str, str]) -> Room:
-        return Room(tuple(self.scontrol.partition_nodes(job.get("Partition", ""))),
+        return Room(tuple(self.scontrol.usable_nodes(job.get("Partition", ""))),
                     tuple(self.scontrol.hostnames(job.get("ExcNodeList", ""))))
 
     def apply(self, decision: Decision) -> dict[str, Any]:

@@ -20,13 +20,18 @@ __all__ = ["Scontrol", "SlurmError", "parse_job", "timestamp"]
 _KEY = re.compile(r"(?:^|\s)([A-Za-z][\w:/.()-]*)=")
 
 
+# Node states (and flags) of `scontrol show node` under which a node takes no new job.
+_TAKES_NO_JOB = frozenset({"DOWN", "DRAIN", "DRAINED", "DRAINING", "FAIL", "FAILING",
+                           "FUTURE"})
+
+
 class SlurmError(RuntimeError):
     """An scontrol call failed or timed out; the message says which and why."""
 
 
 def parse_job(line: str) -> dict[str, str]:
-    """The fields of one job from ``scontrol show job -o`` (one line per job; also one
-    partition of ``scontrol show partition -o``)."""
+    """The fields of one job from ``scontrol show job -o`` (one line per job; also a
+    partition or a node of ``scontrol show partition|node -o``)."""
     fields: dict[str, str] = {}
     keys = list(_KEY.finditer(line))
     for i, m in enumerate(keys):
@@ -80,14 +85,21 @@ class Scontrol:
         first = out.strip().splitlines()[:1]
         return parse_job(first[0]) if first else None
 
-    def partition_nodes(self, partitions: str) -> list[str]:
+    def usable_nodes(self, partitions: str) -> list[str]:
         """The nodes of the partitions in ``partitions`` (a job's ``Partition``: one name, or
-        several while it is pending), expanded, each once."""
+        several while it is pending) that take a job now: not down, drained or draining,
+        failed or future (powered-down nodes are booted on demand, so they count)."""
         nodes: list[str] = []
         for name in filter(None, partitions.split(",")):
             first = self.run(["show", "partition", "-o", name]).strip().splitlines()[:1]
-            fields = parse_job(first[0]) if first else {}
-            nodes.extend(self.hostnames(fields.get("Nodes", "")))
+            members = parse_job(first[0]).get("Nodes", "") if first else ""
+            if not members or members == "(null)":
+                continue
+            for line in self.run(["show", "node", "-o", members]).splitlines():
+                node = parse_job(line)
+                flags = {f.rstrip("*~#!%$@^-") for f in node.get("State", "").split("+")}
+                if node.get("NodeName") and not flags & _TAKES_NO_JOB:
+                    nodes.append(node["NodeName"])
         return list(dict.fromkeys(nodes))
 
     def hostnames(self, nodelist: str) -> list[str]:

@@ -478,3 +478,22 @@ def test_a_job_on_every_node_sent_elsewhere_runs_again_where_it_can(
     assert record["note"].startswith("not excluded: node1 (the job needs 2 of the 2 nodes")
     job = cluster.wait_job(job_id, lambda j: j["Restarts"] == "1" and _finished(j), 60.0)
     assert job["ExcNodeList"] == "(null)"
+
+
+def test_a_job_sent_elsewhere_with_the_other_nodes_down_runs_again_where_it_can(
+        cluster: SlurmCluster) -> None:
+    """Counting the partition's nodes whatever their state, node1 was excluded although
+    node2 is down: the job waited for node2's repair."""
+    cluster.configure_epilog({})
+    cluster.scontrol.run(["update", "nodename=node2", "state=down", "reason=sibylla-test"])
+    try:
+        job_id = cluster.sbatch(_print(NONDETERMINISTIC_LOG) + "exit 1\n", "cornered")
+        cluster.wait_job(job_id, lambda j: j["JobState"] == "FAILED")
+        decision = Decision(job_id, 0, "nondeterministic", 0.99, "gpu_hardware",
+                            "retry_elsewhere", ["node1"], [], "m", time.time(), 1.0,
+                            state="FAILED", exclude_nodes=["node1"])
+        record = Actuator(Settings.from_env({}), cluster.scontrol, io.BytesIO()).apply(decision)
+        assert record["note"].startswith("not excluded: node1 (the job needs 1 of the 1 nodes")
+        cluster.wait_job(job_id, lambda j: j["Restarts"] == "1" and _finished(j), 60.0)
+    finally:
+        cluster.resume_nodes()
