@@ -97,25 +97,19 @@ def _nodes_needed(job: Mapping[str, str]) -> int:
     return int(low) if low.isdigit() else 1
 
 
-def _excluded_now(job: Mapping[str, str], room: Room | None) -> list[str]:
-    if room is not None:
-        return list(room.excluded)
-    current = job.get("ExcNodeList", "(null)")
-    return [] if current in ("(null)", "") else current.split(",")
-
-
 def _exclusion(job: Mapping[str, str], decision: Decision, room: Room | None
-               ) -> tuple[list[str], str]:
-    """The job's excluded nodes with the decision's added (order kept, no repeats), and a
-    note on those left out: Slurm takes an ExcNodeList that leaves a job fewer nodes than it
-    needs and keeps the job pending for ever, so a node is added only while the partition's
-    nodes that take jobs keep enough (``room``; the most recently blamed node first). A job
-    that needs all of them is requeued where it was."""
-    excluded = _excluded_now(job, room)
+               ) -> tuple[str | None, str]:
+    """The job's new ExcNodeList: its excluded nodes with the decision's added (order kept, no
+    repeats), None when that changes nothing; and a note on the nodes left out. Slurm takes
+    an ExcNodeList that leaves a job fewer nodes than it needs and keeps the job pending for
+    ever, so a node is added only while the partition's nodes that take jobs keep enough
+    (the most recently blamed node first). A job that needs all of them is requeued where it
+    was."""
+    if room is None:
+        raise ValueError("retry_elsewhere is planned with where the job can run (a Room)")
+    excluded = list(room.excluded)
     wanted = [n for n in dict.fromkeys(decision.exclude_nodes or decision.avoid_nodes)
               if n not in excluded]
-    if room is None:
-        return excluded + wanted, ""
     usable, need = set(room.nodes) - set(excluded), _nodes_needed(job)
     left_in: list[str] = []
     for node in reversed(wanted):  # the decision lists the most recently blamed last
@@ -124,18 +118,22 @@ def _exclusion(job: Mapping[str, str], decision: Decision, room: Room | None
                 left_in.append(node)
                 continue
             usable.discard(node)
-    if not left_in:
-        return excluded + wanted, ""
+    added = [n for n in wanted if n not in left_in]
     note = (f"not excluded: {','.join(reversed(left_in))} (the job needs {need} of the "
-            f"{len(room.nodes)} nodes of its partition that take jobs, {len(usable)} left)")
-    return excluded + [n for n in wanted if n not in left_in], note
+            f"{len(room.nodes)} nodes of its partition that take jobs, {len(usable)} left)"
+            if left_in else "")
+    return (",".join(excluded + added) if added else None), note
+
+
+def _release(start_now: list[str], exclusion: str | None) -> list[str]:
+    """The update that lets a requeued job start, with its new ExcNodeList if any."""
+    return ["update", *start_now, *([f"ExcNodeList={exclusion}"] if exclusion else [])]
 
 
 def plan(decision: Decision, job: Mapping[str, str] | None, settings: Settings,
          room: Room | None = None) -> Plan:
     """The scontrol calls that apply ``decision`` to the job as it is now (pure: no calls);
-    ``room``: where the job can run, for ``retry_elsewhere`` (else nodes are excluded
-    whatever is left)."""
+    ``room``: where the job can run, which ``retry_elsewhere`` needs."""
     job_id, attempt, action = decision.job_id, decision.attempt, decision.action
     if job is None:
         return Plan(why="slurmctld does not know the job (any more)")
@@ -156,10 +154,7 @@ def plan(decision: Decision, job: Mapping[str, str] | None, settings: Settings,
             return Plan([["requeue", job_id], ["update", *start_now]])
         if action == "retry_elsewhere":
             exclusion, note = _exclusion(job, decision, room)
-            update = ["update", *start_now]
-            if exclusion != _excluded_now(job, room):
-                update.append(f"ExcNodeList={','.join(exclusion)}")
-            return Plan([["requeue", job_id], update], note=note)
+            return Plan([["requeue", job_id], _release(start_now, exclusion)], note=note)
         if settings.slurm_do_not_retry == "requeuehold":
             return Plan([["requeuehold", job_id]])
         return Plan(why="do_not_retry: the job stays failed")
@@ -167,14 +162,10 @@ def plan(decision: Decision, job: Mapping[str, str] | None, settings: Settings,
             and decision.state in _REQUEUED_BY_SLURM):
         if action == "retry_elsewhere":
             exclusion, note = _exclusion(job, decision, room)
-            unchanged = exclusion == _excluded_now(job, room)
-            if unchanged and job.get("Reason") != "BeginTime":
+            if exclusion is None and job.get("Reason") != "BeginTime":
                 return Plan(why="already applied: nodes excluded, start time released",
                             note=note)
-            update = ["update", *start_now]
-            if not unchanged:
-                update.append(f"ExcNodeList={','.join(exclusion)}")
-            return Plan([update], note=note)
+            return Plan([_release(start_now, exclusion)], note=note)
         if action == "retry":
             return Plan([["update", *start_now]])
         if action == "do_not_retry":

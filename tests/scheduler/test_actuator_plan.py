@@ -38,7 +38,8 @@ def test_retry_requeues_a_failed_job_and_lets_it_start_now() -> None:
 
 def test_retry_elsewhere_adds_the_nodes_to_the_exclusion_list() -> None:
     d = _decision("retry_elsewhere", avoid_nodes=["gpu07"], exclude_nodes=["gpu03", "gpu07"])
-    assert plan(d, _job(ExcNodeList="gpu01,gpu03"), SETTINGS).commands == [
+    room = Room(tuple(f"gpu0{i}" for i in range(1, 9)), ("gpu01", "gpu03"))
+    assert plan(d, _job(ExcNodeList="gpu01,gpu03"), SETTINGS, room).commands == [
         ["requeue", "42"],
         ["update", "jobid=42", "StartTime=now+2", "ExcNodeList=gpu01,gpu03,gpu07"]]
 
@@ -87,9 +88,11 @@ def test_a_replayed_decision_does_nothing_once_the_job_moved_on() -> None:
 def test_a_job_slurm_requeued_after_a_node_failure_is_kept_off_the_node() -> None:
     d = _decision("retry_elsewhere", state="NODE_FAIL", exclude_nodes=["node1"])
     pending = _job("PENDING", 1, Reason="BeginTime")
-    assert plan(d, pending, SETTINGS).commands == [
+    nodes = ("node1", "node2")
+    assert plan(d, pending, SETTINGS, Room(nodes, ())).commands == [
         ["update", "jobid=42", "StartTime=now+2", "ExcNodeList=node1"]]
-    done = plan(d, _job("PENDING", 1, Reason="Priority", ExcNodeList="node1"), SETTINGS)
+    done = plan(d, _job("PENDING", 1, Reason="Priority", ExcNodeList="node1"), SETTINGS,
+                Room(nodes, ("node1",)))
     assert done.commands == [] and "already applied" in done.why
     stop = _decision("do_not_retry", state="NODE_FAIL")
     assert plan(stop, pending, SETTINGS).commands == [["hold", "42"]]
