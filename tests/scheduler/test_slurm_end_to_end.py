@@ -24,6 +24,7 @@ import orjson
 import pytest
 from aiokafka import AIOKafkaConsumer
 from prometheus_client.parser import text_string_to_metric_families
+from prometheus_client.samples import Sample
 
 from sibylla.scheduler import actuator as actuator_module
 from sibylla.scheduler.actuator import Actuator, run_actuator
@@ -86,20 +87,21 @@ class ActuatorProcess:
                                      stdout=self.log, stderr=subprocess.STDOUT, env=env,
                                      stdin=subprocess.DEVNULL)
 
-    def handled(self) -> dict[tuple[str, str], float]:
-        """Decisions handled by (action, outcome), from the actuator's /metrics; only those
-        with any."""
+    def _samples(self, family: str) -> list[Sample]:
+        """The samples of one metric family on the actuator's /metrics."""
         text = urllib.request.urlopen(self.metrics_url, timeout=5).read().decode()
+        return [s for f in text_string_to_metric_families(text) if f.name == family
+                for s in f.samples]
+
+    def handled(self) -> dict[tuple[str, str], float]:
+        """Decisions handled by (action, outcome); only those with any."""
         return {(s.labels["action"], s.labels["outcome"]): s.value
-                for family in text_string_to_metric_families(text)
-                if family.name == "sibylla_actuator_decisions"
-                for s in family.samples if s.name.endswith("_total") and s.value}
+                for s in self._samples("sibylla_actuator_decisions")
+                if s.name.endswith("_total") and s.value}
 
     def lag(self) -> dict[str, float]:
         """Decisions on the topic the actuator has not handled, by partition."""
-        text = urllib.request.urlopen(self.metrics_url, timeout=5).read().decode()
-        return {s.labels["partition"]: s.value for family in text_string_to_metric_families(text)
-                if family.name == "sibylla_actuator_lag" for s in family.samples}
+        return {s.labels["partition"]: s.value for s in self._samples("sibylla_actuator_lag")}
 
     def lines(self) -> list[dict[str, object]]:
         if not self.audit.exists():
