@@ -349,12 +349,11 @@ def run_epilog(settings: Settings, env: Mapping[str, str]) -> str:
     shipment, cursors = read_attempt(settings, attempt)
     spool = _spool(settings)
 
-    held: list[Shipment] = []  # the attempt without its lines, once the broker holds them
+    lines_held = asyncio.Event()
 
     async def publish_attempt() -> int:
         async with Shipper(settings, request_timeout_ms=_timeout_ms(deadline)) as shipper:
-            return await publish(shipper, shipment,
-                                 lambda: held.append(shipment.without_lines()))
+            return await publish(shipper, shipment, lines_held.set)
 
     e = attempt.event
     try:
@@ -362,8 +361,9 @@ def run_epilog(settings: Settings, env: Mapping[str, str]) -> str:
     except Exception as exc:
         if not broker_away(exc):
             raise
-        path = spool.put(held[0] if held else shipment)
-        for cursor, output, end in cursors:  # the spool holds these lines now
+        held = lines_held.is_set()
+        path = spool.put(shipment.without_lines() if held else shipment)
+        for cursor, output, end in cursors:  # the spool (or the broker) holds these lines now
             cursor.save(output, end)
         kept = "its event (the broker holds its lines)" if held else "its lines and event"
         raise Spooled(f"broker away ({type(exc).__name__}: {exc}); job {e.job_id} attempt "
