@@ -27,6 +27,7 @@ the scheduler by a controller restart longer than ~20 s.
 from __future__ import annotations
 
 import asyncio
+import collections
 import logging
 import sys
 import threading
@@ -69,6 +70,7 @@ _MAX_BACKOFF_S = 30.0  # the longest wait between tries while slurmctld does not
 # Slurm's own 120 s wait after a requeue avoids it too; two seconds are enough.
 START_DELAY_S = 2
 _BACKOFF_S = 1.0
+_LAG_INTERVAL_S = 1.0  # how often the lag is measured between batches (one may wait long)
 
 
 @dataclass(frozen=True)
@@ -300,12 +302,17 @@ async def run_actuator(settings: Settings) -> int:
     await consumer.start()
     log.info("slurm actuator: following %s as group %s (%s)", settings.topic("decisions"),
              settings.slurm_actuator_group, settings.slurm_mode)
+    in_hand: collections.Counter[TopicPartition] = collections.Counter()
+    # While a decision waits for slurmctld the loop below stands still: the lag is measured
+    # beside it too, so that the decisions piling up behind the wait show.
+    lag_reporter = asyncio.create_task(_report_lag(consumer, actuator.metrics, in_hand))
     try:
         while True:
             batch = await consumer.getmany(timeout_ms=500)
-            await _apply_batch(consumer, actuator, batch)
-            await _measure_lag(consumer, actuator.metrics)
+            await _apply_batch(consumer, actuator, batch, in_hand)
+            await _measure_lag(consumer, actuator.metrics, in_hand)
     finally:
+        lag_reporter.cancel()
         actuator.stopping.set()  # a decision waiting for slurmctld stops waiting
         await consumer.stop()
         if out is not sys.stdout.buffer:
@@ -313,39 +320,59 @@ async def run_actuator(settings: Settings) -> int:
 
 
 async def _apply_batch(consumer: AIOKafkaConsumer, actuator: Actuator,
-                       batch: Mapping[TopicPartition, list[ConsumerRecord[Any, Any]]]) -> None:
-    """Apply and commit each decision of ``batch`` in turn. A decision that waited for
-    slurmctld longer than the consumer's ``max_poll_interval_ms`` (5 min) made the consumer
-    leave its group; where another member (a second actuator) took its partitions meanwhile,
-    its commit fails, and so would the rest of the batch's. The decision was applied; the
-    next fetch rejoins the group, and whoever gets the decision again skips it (the job has
-    moved on)."""
-    for tp, records in batch.items():
-        for message in records:
-            await _handle(actuator, message.value)
-            try:
-                await consumer.commit({TopicPartition(tp.topic, tp.partition):
-                                       message.offset + 1})
-            except (CommitFailedError, IllegalStateError) as exc:
-                log.warning("slurm actuator: the decision at %s[%d]@%d was applied but not "
-                            "committed: the group moved on while it waited (%s); fetching again",
-                            tp.topic, tp.partition, message.offset, exc)
-                return
+                       batch: Mapping[TopicPartition, list[ConsumerRecord[Any, Any]]],
+                       in_hand: collections.Counter[TopicPartition]) -> None:
+    """Apply and commit each decision of ``batch`` in turn; ``in_hand`` counts, per
+    partition, the batch's decisions not yet handled (the consumer's position is already past
+    them).
+
+    A decision that waited for slurmctld longer than the consumer's ``max_poll_interval_ms``
+    (5 min) made the consumer leave its group; where another member (a second actuator) took
+    its partitions meanwhile, its commit fails, and so would the rest of the batch's. The
+    decision was applied; the next fetch rejoins the group, and whoever gets the decision
+    again skips it (the job has moved on)."""
+    in_hand.update({tp: len(records) for tp, records in batch.items()})
+    try:
+        for tp, records in batch.items():
+            for message in records:
+                await _handle(actuator, message.value)
+                in_hand[tp] -= 1
+                try:
+                    await consumer.commit({TopicPartition(tp.topic, tp.partition):
+                                           message.offset + 1})
+                except (CommitFailedError, IllegalStateError) as exc:
+                    log.warning("slurm actuator: the decision at %s[%d]@%d was applied but "
+                                "not committed: the group moved on while it waited (%s); "
+                                "fetching again", tp.topic, tp.partition, message.offset, exc)
+                    return
+    finally:
+        in_hand.clear()
 
 
-async def _measure_lag(consumer: AIOKafkaConsumer, metrics: ActuatorMetrics) -> None:
-    """Decisions not yet handled per owned partition: the partition's end as the last fetch
-    saw it, less where the actuator stands (every record before it handled)."""
+async def _measure_lag(consumer: AIOKafkaConsumer, metrics: ActuatorMetrics,
+                       in_hand: Mapping[TopicPartition, int]) -> None:
+    """Decisions not yet handled per owned partition: the partition's end as the consumer's
+    fetches last saw it, less the consumer's position, plus the decisions fetched but not yet
+    handled (``in_hand``)."""
     lags: dict[int, int] = {}
     for tp in consumer.assignment():
         end = consumer.highwater(tp)
         if end is None:
             continue
         try:
-            lags[tp.partition] = max(0, end - await consumer.position(tp))
+            position = await consumer.position(tp)
         except IllegalStateError:  # revoked by a rebalance meanwhile
             continue
+        lags[tp.partition] = max(0, end - position + in_hand.get(tp, 0))
     metrics.set_lag(lags)
+
+
+async def _report_lag(consumer: AIOKafkaConsumer, metrics: ActuatorMetrics,
+                      in_hand: Mapping[TopicPartition, int]) -> None:
+    """Measure the lag every :data:`_LAG_INTERVAL_S`, whatever the apply loop is doing."""
+    while True:
+        await asyncio.sleep(_LAG_INTERVAL_S)
+        await _measure_lag(consumer, metrics, in_hand)
 
 
 async def _handle(actuator: Actuator, value: bytes) -> None:

@@ -34,9 +34,9 @@ class ActuatorMetrics:
         for action in get_args(Action):
             for outcome in OUTCOMES:
                 self.decisions.labels(action=action, outcome=outcome)
-        self.lag = Gauge("sibylla_actuator_lag", "Decisions on the topic not yet handled, per "
-                         "partition (as of the actuator's last fetch).", ["partition"],
-                         registry=r)
+        self.lag = Gauge("sibylla_actuator_lag", "Decisions on the topic not yet handled (the "
+                         "one in hand included), per partition; measured every second.",
+                         ["partition"], registry=r)
         self._lagging: set[int] = set()
         self.waiting_since: float | None = None  # monotonic; set while slurmctld is silent
         wait = Gauge("sibylla_actuator_controller_wait_seconds", "How long the decision in "

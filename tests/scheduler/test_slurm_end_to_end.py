@@ -360,6 +360,43 @@ def test_a_decision_made_while_slurmctld_restarts_waits_for_it_and_is_applied(
 
 
 
+def test_decisions_piling_up_behind_one_that_waits_for_slurmctld_show_in_the_lag(
+        broker: object, cluster: SlurmCluster, unique_prefix: str, tmp_path: Path) -> None:
+    """The lag was measured only after a batch: while a decision waited for slurmctld, the
+    gauge kept its last value (0) however many decisions came behind it."""
+    settings = make_settings(broker.bootstrap_servers,  # type: ignore[attr-defined]
+                             unique_prefix, tmp_path, slurm_command_timeout_s=2.0)
+    asyncio.run(ensure_topics(settings))
+    actuator = ActuatorProcess(settings, cluster, tmp_path / "audit.jsonl")
+
+    def lag_reaches(total: int, timeout_s: float) -> float:
+        deadline = time.monotonic() + timeout_s
+        while (seen := sum(actuator.lag().values())) != total and time.monotonic() < deadline:
+            time.sleep(0.3)
+        return seen
+
+    def retry(job_id: str) -> Decision:  # jobs slurmctld does not know: skipped once it answers
+        return Decision(job_id, 0, "nondeterministic", 0.99, "collective_timeout", "retry",
+                        [], [], "m", time.time(), 1.0, state="FAILED")
+
+    try:
+        asyncio.run(_publish(settings, retry("525250")))
+        assert [r["outcome"] for r in actuator.wait_lines(1)] == ["skipped"]
+        cluster.stop_controller()
+        try:
+            asyncio.run(_publish(settings, retry("525251")))
+            time.sleep(3.0)  # the actuator holds it, waiting for slurmctld
+            asyncio.run(_publish(settings, retry("525252"), retry("525253")))
+            # The one in hand and the two behind it.
+            assert lag_reaches(3, 15.0) == 3, actuator.lines()
+        finally:
+            cluster.start_controller()
+        assert [r["outcome"] for r in actuator.wait_lines(4)] == ["skipped"] * 4
+        assert lag_reaches(0, 10.0) == 0
+    finally:
+        actuator.stop()
+
+
 class LoopThread:
     """A coroutine on an event loop of its own in a thread (an actuator whose consumer a test
     sets up, or another member of its group), stopped by cancelling it."""
