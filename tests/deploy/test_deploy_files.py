@@ -9,6 +9,7 @@ from pathlib import Path
 import yaml
 
 from sibylla.online_learning.metrics import VoteMetrics
+from sibylla.scheduler.metrics import ActuatorMetrics
 from sibylla.streams.metrics import WorkerMetrics
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -27,11 +28,12 @@ def test_compose_parses_and_every_mounted_file_exists() -> None:
             assert (ROOT / build["context"] / build["dockerfile"]).is_file()
 
 
-def test_the_dashboard_only_charts_metrics_the_worker_exports() -> None:
+def test_the_dashboard_only_charts_metrics_the_worker_or_the_actuator_exports() -> None:
     dashboard = json.loads((ROOT / "deploy/grafana/dashboards/sibylla.json").read_text())
     worker = WorkerMetrics()
     VoteMetrics(worker.registry)  # the online-learning agents a worker registers
-    exported = {m.name for m in worker.registry.collect()}
+    exported = {m.name for registry in (worker.registry, ActuatorMetrics().registry)
+                for m in registry.collect()}
     for panel in dashboard["panels"]:
         for target in panel["targets"]:
             for name in re.findall(r"sibylla_[a-z_]+", target["expr"]):

@@ -10,6 +10,7 @@ import concurrent.futures
 import dataclasses
 import functools
 import io
+import json
 import os
 import subprocess
 import sys
@@ -39,7 +40,10 @@ from tests.integration.fixtures import (
     read_all,
     start_worker,
 )
+from tests.integration.prometheus import PrometheusProcess, prometheus_missing
 from tests.scheduler.slurm_cluster import SlurmCluster, missing_binaries
+
+DASHBOARD = Path(__file__).resolve().parents[2] / "deploy/grafana/dashboards/sibylla.json"
 
 pytestmark = [
     pytest.mark.integration, pytest.mark.slow,
@@ -395,6 +399,48 @@ def test_decisions_piling_up_behind_one_that_waits_for_slurmctld_show_in_the_lag
         assert lag_reaches(0, 10.0) == 0
     finally:
         actuator.stop()
+
+
+def test_every_actuator_panel_of_the_dashboard_has_data_from_a_live_actuator(
+        broker: object, cluster: SlurmCluster, unique_prefix: str, tmp_path: Path) -> None:
+    """What an operator's Grafana charts of the actuator, asked of a real Prometheus that
+    scrapes a running actuator which applied one decision and skipped another."""
+    if (why := prometheus_missing()) is not None:
+        pytest.skip(why)
+    settings = make_settings(broker.bootstrap_servers,  # type: ignore[attr-defined]
+                             unique_prefix, tmp_path)
+    asyncio.run(ensure_topics(settings))
+    cluster.configure_epilog({})
+    job_id = cluster.sbatch(_print(NONDETERMINISTIC_LOG) + "exit 1\n", "charted")
+    cluster.wait_job(job_id, lambda j: j["JobState"] == "FAILED")
+    actuator = ActuatorProcess(settings, cluster, tmp_path / "audit.jsonl")
+    prom = PrometheusProcess(tmp_path / "prometheus",
+                             [f"127.0.0.1:{settings.slurm_actuator_metrics_port}"]).start()
+    try:
+        # Scraped before the decisions come, so that the counters' rise is seen.
+        assert prom.wait_for("sibylla_actuator_decisions_total"), prom.tail()
+        asyncio.run(_publish(settings, *(
+            Decision(job, 0, "nondeterministic", 0.99, "collective_timeout", "retry", [], [],
+                     "m", time.time(), 1.0, state="FAILED") for job in (job_id, "535353"))))
+        assert sorted(r["outcome"] for r in actuator.wait_lines(2)) == ["applied", "skipped"]
+        # rate() needs two scrapes after the counters moved.
+        assert prom.wait_for("sum(sibylla_actuator_decisions_total) == 2"), prom.tail()
+        time.sleep(3)
+        dashboard = json.loads(DASHBOARD.read_text())
+        queries = [(panel["title"], target["expr"]) for panel in dashboard["panels"]
+                   for target in panel["targets"] if "sibylla_actuator_" in target["expr"]]
+        assert len(queries) >= 4
+        empty = [f"{title}: {expr}" for title, expr in queries if not prom.wait_for(expr)]
+        assert not empty, "queries without data:\n" + "\n".join(empty)
+        handled = prom.query("sum by (action, outcome) "
+                             "(rate(sibylla_actuator_decisions_total[5m])) * 60 > 0")
+        assert sorted(r["metric"]["outcome"] for r in handled) == ["applied", "skipped"]
+        assert {r["metric"]["partition"] for r in prom.query("sibylla_actuator_lag")} == {
+            str(p) for p in range(settings.partitions)}
+    finally:
+        prom.stop()
+        actuator.stop()
+    cluster.wait_job(job_id, lambda j: j["JobState"] == "FAILED" and j["Restarts"] == "1")
 
 
 class LoopThread:
