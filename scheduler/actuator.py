@@ -86,8 +86,8 @@ class Plan:
 @dataclass(frozen=True)
 class Room:
     """Where a job can run: its partition's nodes that take jobs now (not down or drained)
-    and the nodes it already excludes (both expanded; ``scontrol show job`` may print
-    ``ExcNodeList=gpu[01-03]``)."""
+    and are open to it (not held by a reservation it is not in), and the nodes it already
+    excludes (both expanded; ``scontrol show job`` may print ``ExcNodeList=gpu[01-03]``)."""
 
     nodes: tuple[str, ...]
     excluded: tuple[str, ...]
@@ -104,8 +104,8 @@ def _exclusion(job: Mapping[str, str], decision: Decision, room: Room | None
     """The job's new ExcNodeList: its excluded nodes with the decision's added (order kept, no
     repeats), None when that changes nothing; and a note on the nodes left out. Slurm takes
     an ExcNodeList that leaves a job fewer nodes than it needs and keeps the job pending for
-    ever, so a node is added only while the partition's nodes that take jobs keep enough
-    (the most recently blamed node first). A job that needs all of them is requeued where it
+    ever, so a node is added only while the nodes of its Room keep enough (the most
+    recently blamed node first). A job that needs all of them is requeued where it
     was."""
     if room is None:
         raise ValueError("retry_elsewhere is planned with where the job can run (a Room)")
@@ -122,8 +122,8 @@ def _exclusion(job: Mapping[str, str], decision: Decision, room: Room | None
             usable.discard(node)
     added = [n for n in wanted if n not in left_in]
     note = (f"not excluded: {','.join(reversed(left_in))} (the job needs {need} of the "
-            f"{len(room.nodes)} nodes of its partition that take jobs, {len(usable)} left)"
-            if left_in else "")
+            f"{len(room.nodes)} nodes of its partition that take jobs and are open to it, "
+            f"{len(usable)} left)" if left_in else "")
     return (",".join(excluded + added) if added else None), note
 
 
@@ -220,8 +220,19 @@ class Actuator:
             self.sleep(0.25)
 
     def _room(self, job: Mapping[str, str]) -> Room:
-        return Room(tuple(self.scontrol.usable_nodes(job.get("Partition", ""))),
-                    tuple(self.scontrol.hostnames(job.get("ExcNodeList", ""))))
+        """Where the job can run now. A job in a reservation runs only on its nodes; any
+        other job on no node an active reservation holds (a maintenance window: a job
+        excluded onto such nodes waits for its end, ``ReqNodeNotAvail, May be reserved for
+        other job``). A node only partly reserved, or in a reservation that lets others in
+        (``FLEX``, ``MAGNETIC``), is counted out too: the job then keeps more of its nodes,
+        never fewer than it needs."""
+        reservations = self.scontrol.active_reservations()
+        own = [name for name in job.get("Reservation", "").split(",") if name in reservations]
+        allowed = {n for name in own for n in reservations[name]}
+        barred = {n for nodes in reservations.values() for n in nodes}
+        nodes = [n for n in self.scontrol.usable_nodes(job.get("Partition", ""))
+                 if (n in allowed if own else n not in barred)]
+        return Room(tuple(nodes), tuple(self.scontrol.hostnames(job.get("ExcNodeList", ""))))
 
     def apply(self, decision: Decision) -> dict[str, Any]:
         """Apply one decision; returns (and writes) its audit record."""

@@ -31,7 +31,7 @@ class SlurmError(RuntimeError):
 
 def parse_job(line: str) -> dict[str, str]:
     """The fields of one job from ``scontrol show job -o`` (one line per job; also a
-    partition or a node of ``scontrol show partition|node -o``)."""
+    partition, a node or a reservation of ``scontrol show partition|node|reservation -o``)."""
     fields: dict[str, str] = {}
     keys = list(_KEY.finditer(line))
     for i, m in enumerate(keys):
@@ -101,6 +101,16 @@ class Scontrol:
                 if node.get("NodeName") and not flags & _TAKES_NO_JOB:
                     nodes.append(node["NodeName"])
         return list(dict.fromkeys(nodes))
+
+    def active_reservations(self) -> dict[str, list[str]]:
+        """The nodes of each reservation in force now (``State=ACTIVE``), by its name."""
+        found: dict[str, list[str]] = {}
+        for line in self.run(["show", "reservation", "-o"]).splitlines():
+            reservation = parse_job(line)  # "No reservations in the system": no fields
+            if reservation.get("State") == "ACTIVE" and reservation.get("ReservationName"):
+                found[reservation["ReservationName"]] = self.hostnames(
+                    reservation.get("Nodes", ""))
+        return found
 
     def hostnames(self, nodelist: str) -> list[str]:
         """A compressed node list (``gpu[01-03]``) expanded to host names."""

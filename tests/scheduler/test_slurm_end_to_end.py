@@ -582,3 +582,36 @@ def test_a_job_sent_elsewhere_with_the_other_nodes_down_runs_again_where_it_can(
         cluster.wait_job(job_id, lambda j: j["Restarts"] == "1" and _finished(j), 60.0)
     finally:
         cluster.resume_nodes()
+
+
+def test_jobs_sent_elsewhere_around_a_maintenance_reservation_run_again_where_they_can(
+        cluster: SlurmCluster) -> None:
+    """node2 in a maintenance reservation: counted as room, node1 was excluded from a job
+    outside the reservation, which then waited for the reservation's end (``ReqNodeNotAvail,
+    May be reserved for other job``); a job inside it, sent away from node2, was excluded
+    from the only node it may use."""
+    cluster.configure_epilog({})
+    cluster.scontrol.run(["create", "reservation", "ReservationName=maint", "Nodes=node2",
+                          "StartTime=now", "Duration=60", "Users=root",
+                          "Flags=MAINT,IGNORE_JOBS"])
+    outside = cluster.sbatch(_print(NONDETERMINISTIC_LOG) + "exit 1\n", "outside")
+    inside = cluster.sbatch(_print(NONDETERMINISTIC_LOG) + "exit 1\n", "inside",
+                            "--reservation=maint")
+    try:
+        actuator = Actuator(Settings.from_env({}), cluster.scontrol, io.BytesIO())
+        for job_id, node in ((outside, "node1"), (inside, "node2")):
+            job = cluster.wait_job(job_id, lambda j: j["JobState"] == "FAILED")
+            assert job["NodeList"] == node
+            decision = Decision(job_id, 0, "nondeterministic", 0.99, "gpu_hardware",
+                                "retry_elsewhere", [node], [], "m", time.time(), 1.0,
+                                state="FAILED", exclude_nodes=[node])
+            record = actuator.apply(decision)
+            assert record.get("note", "").startswith(
+                f"not excluded: {node} (the job needs 1 of the 1 nodes"), record
+        for job_id, node in ((outside, "node1"), (inside, "node2")):
+            job = cluster.wait_job(job_id, lambda j: j["Restarts"] == "1" and _finished(j),
+                                   60.0)
+            assert (job["NodeList"], job["ExcNodeList"]) == (node, "(null)")
+    finally:  # a job left pending in the reservation would keep it from being deleted
+        subprocess.run(["scancel", outside, inside], env=cluster.env, check=True)
+        cluster.scontrol.run(["delete", "ReservationName=maint"])
