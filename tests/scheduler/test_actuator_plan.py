@@ -54,7 +54,7 @@ def test_retry_elsewhere_never_leaves_a_job_fewer_nodes_than_it_needs() -> None:
         ["requeue", "42"],
         ["update", "jobid=42", "StartTime=now+2", "ExcNodeList=gpu02,gpu03,cpu99"]]
     assert got.note == ("not excluded: gpu01 (the job needs 6 of the 8 nodes of its "
-                        "partition that take jobs, 6 left)")
+                        "partition that take jobs and are open to it, 6 left)")
     # A job on the whole partition is requeued where it ran; what it excluded stays.
     whole = plan(d, _job(NumNodes="7-8", ExcNodeList="gpu0[7-8]"), SETTINGS,
                  Room(gpus, ("gpu07", "gpu08")))
