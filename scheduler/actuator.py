@@ -132,13 +132,24 @@ def _release(start_now: list[str], exclusion: str | None) -> list[str]:
     return ["update", *start_now, *([f"ExcNodeList={exclusion}"] if exclusion else [])]
 
 
+def _command_id(job: Mapping[str, str], job_id: str) -> str:
+    """The id that names this job alone in scontrol's commands: a job array's task as
+    ``<ArrayJobId>_<ArrayTaskId>``. The array's last task keeps the array's id as its own
+    ``JobId``, and scontrol applies that id to every task of the array: on the test cluster
+    ``scontrol requeue 1``, meant for the failed task whose JobId is 1, requeued all four
+    tasks of array 1."""
+    task = job.get("ArrayTaskId", "")
+    return f"{job['ArrayJobId']}_{task}" if task.isdigit() and job.get("ArrayJobId") else job_id
+
+
 def plan(decision: Decision, job: Mapping[str, str] | None, settings: Settings,
          room: Room | None = None) -> Plan:
     """The scontrol calls that apply ``decision`` to the job as it is now (pure: no calls);
     ``room``: where the job can run, which ``retry_elsewhere`` needs."""
-    job_id, attempt, action = decision.job_id, decision.attempt, decision.action
+    attempt, action = decision.attempt, decision.action
     if job is None:
         return Plan(why="slurmctld does not know the job (any more)")
+    job_id = _command_id(job, decision.job_id)
     restarts = int(job.get("Restarts", "0") or 0)
     state = job.get("JobState", "")
     start_now = [f"jobid={job_id}", f"StartTime=now+{START_DELAY_S}"]

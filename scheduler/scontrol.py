@@ -75,15 +75,18 @@ class Scontrol:
         return done.stdout
 
     def show_job(self, job_id: str) -> dict[str, str] | None:
-        """The job's fields, None when slurmctld no longer knows the job."""
+        """The job's fields, None when slurmctld no longer knows the job. Where ``job_id`` is
+        also a job array's id (the array's last task keeps it), scontrol prints every task of
+        the array: the one whose ``JobId`` it is is taken."""
         try:
             out = self.run(["show", "job", "-o", job_id])
         except SlurmError as exc:
             if "Invalid job id" in str(exc):
                 return None
             raise
-        first = out.strip().splitlines()[:1]
-        return parse_job(first[0]) if first else None
+        jobs = [parse_job(line) for line in out.strip().splitlines()]
+        return next((job for job in jobs if job.get("JobId") == job_id),
+                    jobs[0] if jobs else None)
 
     def usable_nodes(self, partitions: str) -> list[str]:
         """The nodes of the partitions in ``partitions`` (a job's ``Partition``: one name, or

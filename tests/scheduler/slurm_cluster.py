@@ -185,8 +185,14 @@ PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP
         return done.stdout.strip().split(";")[0]
 
     def job(self, job_id: str) -> dict[str, str]:
-        out = self.scontrol.run(["show", "job", "-o", job_id])
-        return parse_job(out.strip())
+        job = self.scontrol.show_job(job_id)
+        assert job is not None, f"slurmctld does not know job {job_id}"
+        return job
+
+    def array_tasks(self, array_id: str) -> list[dict[str, str]]:
+        """Every task of a job array (pending ones still in one record)."""
+        out = self.scontrol.run(["show", "job", "-o", array_id])
+        return [parse_job(line) for line in out.strip().splitlines()]
 
     def wait_job(self, job_id: str, ready: Callable[[dict[str, str]], bool],
                  timeout_s: float = 120.0) -> dict[str, str]:

@@ -64,6 +64,18 @@ def test_retry_elsewhere_never_leaves_a_job_fewer_nodes_than_it_needs() -> None:
     assert whole.note.startswith("not excluded: gpu01,gpu02,gpu03 (the job needs 7")
 
 
+def test_a_job_array_task_is_named_alone_not_by_the_arrays_id() -> None:
+    """The array's last task keeps the array's id as its JobId; scontrol applies that id to
+    every task of the array."""
+    last = _job(ArrayJobId="42", ArrayTaskId="3")
+    assert plan(_decision("retry"), last, SETTINGS).commands == [
+        ["requeue", "42_3"], ["update", "jobid=42_3", "StartTime=now+2"]]
+    other = _job(JobId="44", ArrayJobId="42", ArrayTaskId="1")
+    assert plan(_decision("retry", job_id="44"), other, SETTINGS).commands[0] == [
+        "requeue", "42_1"]
+    held = dataclasses.replace(SETTINGS, slurm_do_not_retry="requeuehold")
+    assert plan(_decision("do_not_retry"), last, held).commands == [["requeuehold", "42_3"]]
+
 def test_do_not_retry_leaves_the_job_failed_or_holds_it_for_a_human() -> None:
     left = plan(_decision("do_not_retry"), _job(), SETTINGS)
     assert left.commands == [] and "stays failed" in left.why

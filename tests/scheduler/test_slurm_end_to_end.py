@@ -30,7 +30,7 @@ from prometheus_client.samples import Sample
 from sibylla.scheduler import actuator as actuator_module
 from sibylla.scheduler.actuator import Actuator, run_actuator
 from sibylla.scheduler.scontrol import Scontrol
-from sibylla.schemas.records import Decision
+from sibylla.schemas.records import Decision, parse_log_record
 from sibylla.settings import Settings
 from sibylla.streams.ship import Shipper
 from sibylla.streams.topics import ensure_topics
@@ -615,3 +615,57 @@ def test_jobs_sent_elsewhere_around_a_maintenance_reservation_run_again_where_th
     finally:  # a job left pending in the reservation would keep it from being deleted
         subprocess.run(["scancel", outside, inside], env=cluster.env, check=True)
         cluster.scontrol.run(["delete", "ReservationName=maint"])
+
+
+def test_a_retried_task_of_a_job_array_is_requeued_alone(cluster: SlurmCluster) -> None:
+    """The array's last task keeps the array's id as its JobId, which the epilog publishes:
+    ``scontrol requeue <that id>`` requeued every task of the array, those decided
+    do_not_retry too. Only the decided task runs again."""
+    cluster.configure_epilog({})
+    array_id = cluster.sbatch(_print(NONDETERMINISTIC_LOG) + "exit 1\n", "sweep", "--array=0-2")
+    deadline = time.monotonic() + 60
+    tasks = cluster.array_tasks(array_id)
+    while len(tasks) < 3 or any(t["JobState"] != "FAILED" for t in tasks):
+        assert time.monotonic() < deadline, (tasks, cluster.logs())
+        time.sleep(0.3)
+        tasks = cluster.array_tasks(array_id)
+    last = cluster.job(array_id)  # the task that has the array's id as its own
+    decision = Decision(array_id, 0, "nondeterministic", 0.99, "collective_timeout", "retry",
+                        [], [], "m", time.time(), 1.0, state="FAILED")
+    record = Actuator(Settings.from_env({}), cluster.scontrol, io.BytesIO()).apply(decision)
+    cluster.wait_job(array_id, lambda j: j["Restarts"] == "1" and _finished(j), 60.0)
+    assert sorted(t["Restarts"] for t in cluster.array_tasks(array_id)) == ["0", "0", "1"]
+    assert record["commands"][0] == [
+        "scontrol", "requeue", f"{array_id}_{last['ArrayTaskId']}"], record
+
+
+def test_each_task_of_a_job_array_ships_its_own_output(
+        broker: object, cluster: SlurmCluster, unique_prefix: str, tmp_path: Path) -> None:
+    """A sweep writes one file per task (``%A_%a``); slurmctld's epilog runs once per task,
+    and each task's attempt reaches the broker under its own job id with its own lines."""
+    settings = make_settings(broker.bootstrap_servers,  # type: ignore[attr-defined]
+                             unique_prefix, tmp_path)
+    asyncio.run(ensure_topics(settings))
+    cluster.configure_epilog(settings.to_env())
+    array_id = cluster.sbatch("echo \"task $SLURM_ARRAY_TASK_ID: RuntimeError: NCCL timeout\"\n"
+                              "exit 1\n", "sweep", "--array=0-1",
+                              "-o", str(cluster.root / "out" / "sweep-%A_%a.out"))
+    deadline = time.monotonic() + 60
+    tasks = cluster.array_tasks(array_id)
+    while len(tasks) < 2 or any(t["JobState"] != "FAILED" for t in tasks):
+        assert time.monotonic() < deadline, (tasks, cluster.logs())
+        time.sleep(0.3)
+        tasks = cluster.array_tasks(array_id)
+    task_of = {t["JobId"]: t["ArrayTaskId"] for t in tasks}
+    want = {job_id: [f"task {task}: RuntimeError: NCCL timeout"]
+            for job_id, task in task_of.items()}
+    deadline = time.monotonic() + 30  # the epilog publishes after the job's end
+    shipped: dict[str, list[str]] = {}
+    while shipped != want and time.monotonic() < deadline:
+        records = asyncio.run(read_all(settings, "logs", idle_s=1.0))
+        chunks = [parse_log_record(orjson.dumps(r), settings.max_line_bytes) for r in records]
+        shipped = {c.job_id: c.lines for c in chunks}
+    assert shipped == want, cluster.logs()
+    events = asyncio.run(read_all(settings, "job-events", idle_s=1.0))
+    assert sorted((e["job_id"], e["state"]) for e in events) == sorted(
+        (job_id, "FAILED") for job_id in task_of)
