@@ -194,6 +194,17 @@ PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP
         out = self.scontrol.run(["show", "job", "-o", array_id])
         return [parse_job(line) for line in out.strip().splitlines()]
 
+    def wait_array_failed(self, array_id: str, count: int, timeout_s: float = 60.0
+                          ) -> list[dict[str, str]]:
+        """The ``count`` tasks of a job array once every one of them has failed."""
+        deadline = time.monotonic() + timeout_s
+        tasks = self.array_tasks(array_id)
+        while len(tasks) < count or any(t["JobState"] != "FAILED" for t in tasks):
+            assert time.monotonic() < deadline, (tasks, self.logs())
+            time.sleep(0.3)
+            tasks = self.array_tasks(array_id)
+        return tasks
+
     def wait_job(self, job_id: str, ready: Callable[[dict[str, str]], bool],
                  timeout_s: float = 120.0) -> dict[str, str]:
         """The job once ``ready`` holds for its fields; AssertionError with the logs if not."""

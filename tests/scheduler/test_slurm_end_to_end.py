@@ -623,12 +623,7 @@ def test_a_retried_task_of_a_job_array_is_requeued_alone(cluster: SlurmCluster) 
     do_not_retry too. Only the decided task runs again."""
     cluster.configure_epilog({})
     array_id = cluster.sbatch(_print(NONDETERMINISTIC_LOG) + "exit 1\n", "sweep", "--array=0-2")
-    deadline = time.monotonic() + 60
-    tasks = cluster.array_tasks(array_id)
-    while len(tasks) < 3 or any(t["JobState"] != "FAILED" for t in tasks):
-        assert time.monotonic() < deadline, (tasks, cluster.logs())
-        time.sleep(0.3)
-        tasks = cluster.array_tasks(array_id)
+    cluster.wait_array_failed(array_id, 3)
     last = cluster.job(array_id)  # the task that has the array's id as its own
     decision = Decision(array_id, 0, "nondeterministic", 0.99, "collective_timeout", "retry",
                         [], [], "m", time.time(), 1.0, state="FAILED")
@@ -650,12 +645,7 @@ def test_each_task_of_a_job_array_ships_its_own_output(
     array_id = cluster.sbatch("echo \"task $SLURM_ARRAY_TASK_ID: RuntimeError: NCCL timeout\"\n"
                               "exit 1\n", "sweep", "--array=0-1",
                               "-o", str(cluster.root / "out" / "sweep-%A_%a.out"))
-    deadline = time.monotonic() + 60
-    tasks = cluster.array_tasks(array_id)
-    while len(tasks) < 2 or any(t["JobState"] != "FAILED" for t in tasks):
-        assert time.monotonic() < deadline, (tasks, cluster.logs())
-        time.sleep(0.3)
-        tasks = cluster.array_tasks(array_id)
+    tasks = cluster.wait_array_failed(array_id, 2)
     task_of = {t["JobId"]: t["ArrayTaskId"] for t in tasks}
     want = {job_id: [f"task {task}: RuntimeError: NCCL timeout"]
             for job_id, task in task_of.items()}
