@@ -163,6 +163,13 @@ def plan(decision: Decision, job: Mapping[str, str] | None, settings: Settings,
             else:
                 return Plan(why=f"site rule: the job restarted {restarts} times "
                                 f"(slurm_default_retries={settings.slurm_default_retries})")
+        requeues = action in ("retry", "retry_elsewhere") or (
+            settings.slurm_do_not_retry == "requeuehold")
+        if requeues and job.get("Requeue") == "0":
+            # Slurm refuses ("Requested operation is presently disabled"): three tries, an
+            # outcome `failed` and an operator's alert for a job that said so itself.
+            return Plan(why=f"{action}: the job may not be requeued (sbatch --no-requeue, or "
+                            "JobRequeue=0 in slurm.conf); it stays failed")
         if action == "retry":
             return Plan([["requeue", job_id], ["update", *start_now]])
         if action == "retry_elsewhere":

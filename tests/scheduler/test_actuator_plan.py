@@ -64,6 +64,16 @@ def test_retry_elsewhere_never_leaves_a_job_fewer_nodes_than_it_needs() -> None:
     assert whole.note.startswith("not excluded: gpu01,gpu02,gpu03 (the job needs 7")
 
 
+@pytest.mark.parametrize("action", ["retry", "retry_elsewhere", "default_policy"])
+def test_a_job_that_may_not_be_requeued_is_left_failed_with_the_reason(action: str) -> None:
+    """slurmctld refuses to requeue a job submitted with --no-requeue: the actuator tried
+    three times and reported the decision failed, which pages an operator."""
+    got = plan(_decision(action), _job(Requeue="0"), SETTINGS, Room(("gpu01", "gpu02"), ()))
+    assert got.commands == []
+    assert "may not be requeued (sbatch --no-requeue" in got.why
+    held = dataclasses.replace(SETTINGS, slurm_do_not_retry="requeuehold")
+    assert plan(_decision("do_not_retry"), _job(Requeue="0"), held).commands == []
+
 def test_a_job_array_task_is_named_alone_not_by_the_arrays_id() -> None:
     """The array's last task keeps the array's id as its JobId; scontrol applies that id to
     every task of the array."""

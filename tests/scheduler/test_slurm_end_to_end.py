@@ -302,6 +302,24 @@ def test_do_not_retry_can_hold_the_job_for_a_human(cluster: SlurmCluster) -> Non
     subprocess.run(["scancel", job_id], env=cluster.env, check=True)  # the human's call
 
 
+def test_a_retry_of_a_job_submitted_with_no_requeue_is_skipped_not_failed(
+        cluster: SlurmCluster) -> None:
+    """slurmctld refuses to requeue it ("Requested operation is presently disabled"): the
+    actuator tried three times and counted the decision failed, an operator's alert."""
+    cluster.configure_epilog({})
+    job_id = cluster.sbatch(_print(NONDETERMINISTIC_LOG) + "exit 1\n", "once", "--no-requeue")
+    cluster.wait_job(job_id, lambda j: j["JobState"] == "FAILED")
+    decision = Decision(job_id, 0, "nondeterministic", 0.99, "collective_timeout", "retry", [],
+                        [], "m", time.time(), 1.0, state="FAILED")
+    actuator = Actuator(Settings.from_env({}), cluster.scontrol, io.BytesIO())
+    record = actuator.apply(decision)
+    assert (record["outcome"], record["commands"]) == ("skipped", []), record
+    assert "--no-requeue" in record["why"]
+    assert actuator.metrics.registry.get_sample_value(
+        "sibylla_actuator_decisions_total", {"action": "retry", "outcome": "failed"}) == 0
+    job = cluster.job(job_id)
+    assert (job["JobState"], job["Restarts"]) == ("FAILED", "0")
+
 def test_a_retry_on_the_node_the_job_just_failed_on_runs(cluster: SlurmCluster) -> None:
     # slurmd refuses a job's credential created in the second its previous run ended there:
     # started at once ("StartTime=now") on the same node, the retry was killed before it ran
