@@ -6,7 +6,8 @@ Who writes a topic is who the topic's readers trust: a shipper that could write
 ``sibylla.models`` could pick the model every worker runs. So:
 
 - a **shipper** writes ``logs``; a **scheduler** hook writes ``job-events`` and reads
-  ``decisions`` (``sibylla decisions --follow`` uses no consumer group);
+  ``decisions``, in the Slurm actuator's consumer group (whose committed offsets make a
+  restart safe; ``sibylla decisions --follow`` uses no group);
 - a **worker** reads what it consumes, writes what it publishes (``decisions``, ``labels``,
   ``deadletter``, its internal ``label-votes``, and ``logs``, where it
   re-publishes a record keyed by something else than its job_id), reads ``models``, owns the
@@ -33,6 +34,7 @@ __all__ = ["GRANTS", "ROLES", "Binding", "Grant", "apply_acls", "bindings",
 ROLES = ("shipper", "scheduler", "worker", "trainer")
 GROUP = "{group}"  # the workers' consumer group (Settings.group_id)
 GROUP_TOPICS = "{group}-"  # topics named after the group: changelogs, faust's leader topic
+ACTUATOR_GROUP = "{actuator_group}"  # the Slurm actuator's group (Settings.slurm_actuator_group)
 ALL_TOPICS = "{prefix}"  # every contract topic (Settings.topic_prefix)
 
 
@@ -53,6 +55,7 @@ GRANTS: tuple[Grant, ...] = (
     Grant("shipper", "topic", "logs", ("WRITE",), "publishes job log lines"),
     Grant("scheduler", "topic", "job-events", ("WRITE",), "publishes job events"),
     Grant("scheduler", "topic", "decisions", ("READ",), "acts on decisions"),
+    Grant("scheduler", "group", ACTUATOR_GROUP, ("READ",), "the Slurm actuator's consumer group"),
     Grant("worker", "topic", "logs", ("READ", "WRITE"),
           "reads lines; re-publishes a record under its job_id"),
     Grant("worker", "topic", "job-events", ("READ",), "reads terminations and retry outcomes"),
@@ -93,6 +96,8 @@ class Binding:
 def _resolve(name: str, resource: str, settings: Settings) -> str:
     if name in (GROUP, GROUP_TOPICS):
         return name.format(group=settings.group_id)
+    if name == ACTUATOR_GROUP:
+        return settings.slurm_actuator_group
     if name == ALL_TOPICS:
         return settings.topic_prefix
     return settings.topic(name) if resource == "topic" else name

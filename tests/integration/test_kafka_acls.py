@@ -1,7 +1,8 @@
 """The documented ACLs (sibylla/brokers/acls.py) against Apache Kafka with SASL/SCRAM and the
 KRaft StandardAuthorizer: a shipper writes logs but not models or decisions, no principal but
 the worker writes decisions, a worker decides end to end with least privilege, the trainer
-announces a signed model the worker swaps in; and no secret of the run (SASL passwords, the
+announces a signed model the worker swaps in, the Slurm actuator follows decisions in its group
+as the scheduler; and no secret of the run (SASL passwords, the
 operator's token, the signing key) appears in the worker's or the trainer's log, the
 worker's metrics, or any record of any topic (decisions and dead letters included)."""
 
@@ -19,10 +20,11 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import orjson
 import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient
-from aiokafka.errors import TopicAuthorizationFailedError
+from aiokafka.errors import GroupCoordinatorNotAvailableError, TopicAuthorizationFailedError
 
 from sibylla.brokers.acls import apply_acls, bindings
 from sibylla.brokers.launchers import SUPER_USER, apache_kafka
@@ -30,7 +32,7 @@ from sibylla.brokers.process import BrokerProcess, free_port
 from sibylla.inference.checkpoint import save_checkpoint
 from sibylla.online_learning.settings import OnlineSettings
 from sibylla.online_learning.signing import generate_key_pair
-from sibylla.schemas.records import JobEvent
+from sibylla.schemas.records import Decision, JobEvent
 from sibylla.settings import Settings
 from sibylla.streams.ship import Shipper
 from sibylla.streams.topics import ensure_topics
@@ -220,3 +222,56 @@ def test_least_privilege_worker_and_trainer_run_end_to_end_and_leak_no_secret(
     for where, text in outputs.items():
         for secret in secrets:
             assert secret not in text, f"a secret appears in the {where}"
+
+
+async def committed(admin: Settings, group: str) -> dict[int, int]:
+    """The offsets ``group`` committed on the decisions topic, by partition (as the admin)."""
+    client = AIOKafkaAdminClient(bootstrap_servers=admin.bootstrap_servers,
+                                 **admin.kafka_client_options())
+    await client.start()
+    try:
+        offsets = await client.list_consumer_group_offsets(group)
+    except GroupCoordinatorNotAvailableError:  # no offset committed yet on a fresh broker
+        return {}
+    finally:
+        await client.close()
+    return {tp.partition: meta.offset for tp, meta in offsets.items()
+            if tp.topic == admin.topic("decisions")}
+
+
+def test_the_slurm_actuator_runs_as_the_scheduler_principal(
+        secure_kafka: tuple[BrokerProcess, int], unique_prefix: str, tmp_path: Path) -> None:
+    """The actuator reads decisions in a consumer group of its own and commits what it
+    handled; without a grant on that group the broker refused its join, and no decision
+    reached Slurm on a cluster secured as documented."""
+    admin = with_acls(secure_kafka, unique_prefix, tmp_path)
+    worker = as_user(secure_kafka, "worker", unique_prefix, tmp_path)
+    decision = Decision("4242", 0, "deterministic", 0.99, "import_error", "do_not_retry", [],
+                        [], "m", time.time(), 1.0, state="FAILED")
+
+    async def publish() -> None:
+        async with Shipper(worker) as shipper:
+            await shipper.send_raw(worker.topic("decisions"), b"4242", decision.to_json())
+            await shipper.flush()
+
+    asyncio.run(publish())
+    scheduler = as_user(secure_kafka, "scheduler", unique_prefix, tmp_path,
+                        slurm_actuator_metrics_port=0)
+    audit = tmp_path / "audit.jsonl"
+    env = {**os.environ, **scheduler.to_env(), "SIBYLLA_SLURM_AUDIT_FILE": str(audit),
+           # No Slurm here: scontrol fails, so the decision is reported failed and committed.
+           "SIBYLLA_SLURM_SCONTROL": "false"}
+    with open(tmp_path / "actuator.log", "wb") as out:
+        actuator = subprocess.Popen([sys.executable, "-m", "sibylla", "slurm", "actuator"],
+                                    stdout=out, stderr=subprocess.STDOUT, env=env)
+    try:
+        deadline = time.monotonic() + 60
+        while not asyncio.run(committed(admin, scheduler.slurm_actuator_group)):
+            log = (tmp_path / "actuator.log").read_text()
+            assert actuator.poll() is None and time.monotonic() < deadline, log[-3000:]
+            time.sleep(0.5)
+    finally:
+        actuator.terminate()
+        actuator.wait(30)
+    assert sum(asyncio.run(committed(admin, scheduler.slurm_actuator_group)).values()) == 1
+    assert [orjson.loads(line)["job_id"] for line in audit.read_bytes().splitlines()] == ["4242"]
