@@ -50,7 +50,9 @@ class Settings:
     topic_prefix: str = setting("sibylla.", "Prefix of every Sibylla topic.")
     partitions: int = setting(4, "Partitions of sibylla.logs and sibylla.job-events.", min=1)
     replication_factor: int = setting(1, "Replication factor of topics Sibylla creates.", min=1)
-    group_id: str = setting("sibylla", "Consumer group (faust app id) of the workers.")
+    group_id: str = setting("", "Consumer group (faust app id) of the workers; its tables' "
+                            "changelog topics are named after it. Empty: the topic prefix "
+                            "without its trailing dot (sibylla).")
     security_protocol: SecurityProtocol = setting("PLAINTEXT", "Kafka security protocol.")
     sasl_mechanism: SaslMechanism = setting("PLAIN", "SASL mechanism when SASL is used.")
     sasl_username: str = setting("", "SASL user name.")
@@ -171,8 +173,9 @@ class Settings:
         "only its own lines)."
     )
     slurm_actuator_group: str = setting(
-        "sibylla-slurm-actuator", "Consumer group of sibylla slurm actuator (its committed "
-        "offsets make it safe to restart)."
+        "", "Consumer group of sibylla slurm actuator (its committed offsets make it safe to "
+        "restart). Empty: <the topic prefix without its trailing dot>-slurm-actuator "
+        "(sibylla-slurm-actuator)."
     )
     slurm_mode: Literal["apply", "dry-run"] = setting(
         "apply", "dry-run: the actuator prints the scontrol commands it would run, runs none."
@@ -252,6 +255,14 @@ class Settings:
 
     def __post_init__(self) -> None:
         check_fields(self)
+        # Groups named after the topic prefix: a second deployment on the same Kafka (another
+        # Slurm cluster, whose job ids repeat the first one's) that sets only its own prefix
+        # gets its own groups and changelogs instead of sharing the first one's tables.
+        base = self.topic_prefix.rstrip("._-") or "sibylla"
+        if not self.group_id:
+            object.__setattr__(self, "group_id", base)
+        if not self.slurm_actuator_group:
+            object.__setattr__(self, "slurm_actuator_group", f"{base}-slurm-actuator")
         if self.security_protocol.startswith("SASL") and not self.sasl_username:
             raise SettingsError("sasl_username: required when security_protocol uses SASL")
 

@@ -13,6 +13,7 @@ from sibylla.settings import (
     add_settings_arguments,
     settings_from_args,
 )
+from sibylla.streams.topics import changelog_topic
 
 
 def test_environment_variables_are_typed() -> None:
@@ -64,3 +65,16 @@ def test_the_cli_stops_with_one_line_on_a_bad_setting(capsys, monkeypatch) -> No
     assert main(["worker", "--bootstrap-servers", "127.0.0.1:1"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "batch_max_windows" in err[0]
+
+
+def test_a_deployment_with_its_own_topic_prefix_gets_its_own_groups() -> None:
+    """A second Slurm cluster on the same Kafka repeats the first one's job ids: with only
+    its prefix changed, its workers joined the first one's group and shared its tables'
+    changelogs (``sibylla-windows-changelog``), and its actuator the first one's offsets."""
+    first, second = Settings.from_env({}), Settings.from_env({"SIBYLLA_TOPIC_PREFIX": "gpu-b."})
+    assert (first.group_id, first.slurm_actuator_group) == ("sibylla", "sibylla-slurm-actuator")
+    assert (second.group_id, second.slurm_actuator_group) == ("gpu-b", "gpu-b-slurm-actuator")
+    assert changelog_topic(second, "windows") == "gpu-b-windows-changelog"
+    chosen = Settings.from_env({"SIBYLLA_TOPIC_PREFIX": "gpu-b.", "SIBYLLA_GROUP_ID": "w"})
+    assert chosen.group_id == "w"
+    assert Settings.from_env(second.to_env()) == second  # a child process keeps them
