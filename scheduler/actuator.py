@@ -34,12 +34,14 @@ import threading
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import IO, Any
+from pathlib import Path
+from typing import Any
 
 import orjson
 from aiokafka import AIOKafkaConsumer, ConsumerRecord, TopicPartition
 from aiokafka.errors import CommitFailedError, IllegalStateError
 
+from sibylla.scheduler.audit import AuditFile, AuditSink
 from sibylla.scheduler.metrics import ActuatorMetrics
 from sibylla.scheduler.scontrol import Scontrol, SlurmError, timestamp
 from sibylla.schemas.records import Decision, RecordError
@@ -215,7 +217,7 @@ class Actuator:
     ``sleep`` waits between tries (by default until :attr:`stopping` is set, so that a stop
     ends a wait for slurmctld at once)."""
 
-    def __init__(self, settings: Settings, scontrol: Scontrol, audit: IO[bytes],
+    def __init__(self, settings: Settings, scontrol: Scontrol, audit: AuditSink,
                  sleep: Callable[[float], Any] | None = None,
                  metrics: ActuatorMetrics | None = None) -> None:
         self.settings = settings
@@ -315,8 +317,8 @@ class Actuator:
 
 async def run_actuator(settings: Settings) -> int:
     """Follow the decisions topic and apply each decision, until stopped."""
-    out = (open(settings.slurm_audit_file, "ab")  # noqa: SIM115 - lives as long as we do
-           if settings.slurm_audit_file else sys.stdout.buffer)
+    out = (AuditFile(Path(settings.slurm_audit_file)) if settings.slurm_audit_file
+           else sys.stdout.buffer)
     actuator = Actuator(settings, Scontrol(settings.slurm_scontrol,
                                            settings.slurm_command_timeout_s), out)
     if settings.slurm_actuator_metrics_port:
@@ -344,7 +346,7 @@ async def run_actuator(settings: Settings) -> int:
         lag_reporter.cancel()
         actuator.stopping.set()  # a decision waiting for slurmctld stops waiting
         await consumer.stop()
-        if out is not sys.stdout.buffer:
+        if isinstance(out, AuditFile):
             out.close()
 
 
