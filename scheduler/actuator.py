@@ -151,6 +151,9 @@ def plan(decision: Decision, job: Mapping[str, str] | None, settings: Settings,
     attempt, action = decision.attempt, decision.action
     if job is None:
         return Plan(why="slurmctld does not know the job (any more)")
+    if job.get("HetJobId", decision.job_id) != decision.job_id:
+        return Plan(why=f"a component of heterogeneous job {job['HetJobId']}: only a decision "
+                        "on its leader acts on the job (scontrol refuses a component)")
     job_id = _command_id(job, decision.job_id)
     restarts = int(job.get("Restarts", "0") or 0)
     state = job.get("JobState", "")

@@ -190,6 +190,9 @@ class Attempt:
 
     event: JobEvent
     outputs: dict[str, Path]  # stream (stdout/stderr) -> file
+    # A heterogeneous job's component other than its leader: the job id of the leader, whose
+    # epilog publishes the attempt (slurmctld runs the epilog once per component).
+    het_leader: str | None = None
 
 
 def attempt_from_env(env: Mapping[str, str], scontrol: Scontrol) -> Attempt:
@@ -225,7 +228,8 @@ def attempt_from_env(env: Mapping[str, str], scontrol: Scontrol) -> Attempt:
         outputs["stdout"] = Path(expand_path("slurm-%j.out", job, env, ""))
     event = JobEvent(job_id, attempt, "finished", state, exit_code, signal, tuple(nodes), gpus,
                      time.time())
-    return Attempt(event, outputs)
+    leader = job.get("HetJobId", "")
+    return Attempt(event, outputs, leader if leader and leader != job_id else None)
 
 
 def read_attempt(settings: Settings, attempt: Attempt
@@ -346,8 +350,14 @@ def run_epilog(settings: Settings, env: Mapping[str, str]) -> str:
     attempt = attempt_from_env(env, scontrol)
     if time.monotonic() >= deadline:
         raise TimeoutError("scontrol took the whole epilog time")
-    shipment, cursors = read_attempt(settings, attempt)
     spool = _spool(settings)
+    if attempt.het_leader is not None:
+        # One decision per job: a second one, for this component, would be applied to a job
+        # id scontrol refuses to requeue ("Job not heterogeneous job leader").
+        return (f"sibylla epilog: job {attempt.event.job_id}: a component of heterogeneous job "
+                f"{attempt.het_leader}, whose epilog publishes the attempt; nothing published"
+                + _publish_late(settings, spool, deadline))
+    shipment, cursors = read_attempt(settings, attempt)
 
     lines_held = asyncio.Event()
 
@@ -370,7 +380,12 @@ def run_epilog(settings: Settings, env: Mapping[str, str]) -> str:
                       f"{e.attempt}: {kept} kept in {path} for a later epilog run") from exc
     for cursor, output, end in cursors:
         cursor.save(output, end)
-    late = asyncio.run(_publish_spooled(settings, spool, deadline)) if spool.paths() else 0
     return (f"sibylla epilog: job {e.job_id} attempt {e.attempt} {e.state} "
             f"(exit {e.exit_code}:{e.signal}) on {','.join(e.nodes) or '-'}: "
-            f"{shipped} lines shipped" + (f"; {late} spooled attempt(s) published" if late else ""))
+            f"{shipped} lines shipped" + _publish_late(settings, spool, deadline))
+
+
+def _publish_late(settings: Settings, spool: Spool, deadline: float) -> str:
+    """Publish what earlier runs spooled; the summary's ending that says how many."""
+    late = asyncio.run(_publish_spooled(settings, spool, deadline)) if spool.paths() else 0
+    return f"; {late} spooled attempt(s) published" if late else ""

@@ -86,6 +86,14 @@ def test_a_job_array_task_is_named_alone_not_by_the_arrays_id() -> None:
     held = dataclasses.replace(SETTINGS, slurm_do_not_retry="requeuehold")
     assert plan(_decision("do_not_retry"), last, held).commands == [["requeuehold", "42_3"]]
 
+def test_only_a_decision_on_a_heterogeneous_jobs_leader_acts() -> None:
+    """scontrol refuses to requeue a component ("Job not heterogeneous job leader")."""
+    component = _job(HetJobId="41", HetJobOffset="1")
+    got = plan(_decision("retry"), component, SETTINGS)
+    assert got.commands == [] and "a component of heterogeneous job 41" in got.why
+    leader = _job(HetJobId="42", HetJobOffset="0")
+    assert plan(_decision("retry"), leader, SETTINGS).commands[0] == ["requeue", "42"]
+
 def test_do_not_retry_leaves_the_job_failed_or_holds_it_for_a_human() -> None:
     left = plan(_decision("do_not_retry"), _job(), SETTINGS)
     assert left.commands == [] and "stays failed" in left.why

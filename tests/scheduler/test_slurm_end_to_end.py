@@ -680,3 +680,44 @@ def test_each_task_of_a_job_array_ships_its_own_output(
     events = asyncio.run(read_all(settings, "job-events", idle_s=1.0))
     assert sorted((e["job_id"], e["state"]) for e in events if e["job_id"] in task_of) == sorted(
         (job_id, "FAILED") for job_id in task_of)
+
+
+def test_a_heterogeneous_job_gets_one_decision_which_requeues_all_of_it(
+        broker: object, cluster: SlurmCluster, unique_prefix: str, tmp_path: Path) -> None:
+    """slurmctld runs the epilog once per component of a heterogeneous job: each published
+    an attempt, the worker decided each, and scontrol refused the second component's
+    requeue ("Job not heterogeneous job leader"): a decision counted failed, an alert. The
+    leader's epilog alone publishes; a retry of the leader requeues every component."""
+    settings = make_settings(broker.bootstrap_servers,  # type: ignore[attr-defined]
+                             unique_prefix, tmp_path)
+    asyncio.run(ensure_topics(settings))
+    cluster.configure_epilog(settings.to_env())
+    leader = cluster.sbatch("#SBATCH -n1\n#SBATCH hetjob\n#SBATCH -n1\n"
+                            + _print(NONDETERMINISTIC_LOG) + "exit 1\n", "hetero")
+    component = str(int(leader) + 1)
+    for job_id in (leader, component):
+        assert cluster.wait_job(job_id, lambda j: j["JobState"] == "FAILED")["HetJobId"] == leader
+    deadline = time.monotonic() + 30  # the epilog publishes after the job's end
+    published: set[str] = set()
+    while leader not in published and time.monotonic() < deadline:
+        records = asyncio.run(read_all(settings, "job-events", idle_s=1.0))
+        published = {r["job_id"] for r in records if r["job_id"] in (leader, component)}
+    time.sleep(2.0)  # the component's epilog, had it published, would have by now
+    records = asyncio.run(read_all(settings, "job-events", idle_s=1.0))
+    assert sorted(r["job_id"] for r in records
+                  if r["job_id"] in (leader, component)) == [leader], cluster.logs()
+
+    actuator = Actuator(Settings.from_env({}), cluster.scontrol, io.BytesIO())
+    outcomes = [actuator.apply(Decision(job_id, 0, "nondeterministic", 0.99,
+                                        "collective_timeout", "retry", [], [], "m",
+                                        time.time(), 1.0, state="FAILED"))["outcome"]
+                for job_id in (component, leader)]  # one published by another shipper, too
+    assert outcomes == ["skipped", "applied"]
+    # Both components requeued. When a requeued heterogeneous job starts again is slurmctld's
+    # affair: on this cluster it sometimes stayed PENDING (Reason=None) for minutes, so it is
+    # cancelled rather than left to run into the next test's epilog.
+    try:
+        for job_id in (leader, component):
+            cluster.wait_job(job_id, lambda j: j["Restarts"] == "1", 30.0)
+    finally:
+        subprocess.run(["scancel", leader], env=cluster.env, check=True)
