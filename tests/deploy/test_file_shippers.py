@@ -122,11 +122,15 @@ def test_a_tailer_ships_slurm_output_files_to_the_jobs_partition_and_the_worker_
     worker = start_worker(settings, tmp_path)
     try:
         time.sleep(1.0)  # the tailers watch the directory from their start: files come after
+        # No job id in these names (written first, so that their lines, were they shipped,
+        # would come before the jobs' lines): the digits of a name, and a job array's task
+        # index (sweep-%A_%a.out), which named job 3 until session 30.
+        for name in ("notes.out", "resnet50.out", "sweep-1001_3.out"):
+            (out / name).write_text(f"{name}: not shipped\n")
         jobs = {str(job_id): f"train-{job_id}.out" for job_id in (1001, 1002, 1003, 1004)}
         for name in jobs.values():
             (out / name).write_text(NONDETERMINISTIC_LOG + "\n")
         (out / "train-1001.1.out").write_text("Epoch 4: resumed\n")  # attempt 1, by name
-        (out / "notes.out").write_text("no job id in this name: not shipped\n")
         lines = len(NONDETERMINISTIC_LOG.splitlines())
         records = asyncio.run(_records(settings, lines * len(jobs) + 1))
         assert len(records) == lines * len(jobs) + 1
@@ -137,6 +141,7 @@ def test_a_tailer_ships_slurm_output_files_to_the_jobs_partition_and_the_worker_
             # murmur2, as Java's client and aiokafka: the job's events land on this partition.
             assert r.partition == partition_of(chunk.job_id, settings.partitions)
             by_attempt.setdefault((chunk.job_id, chunk.attempt), []).extend(chunk.lines)
+        assert set(by_attempt) == {*((job, 0) for job in jobs), ("1001", 1)}
         assert by_attempt[("1001", 0)] == NONDETERMINISTIC_LOG.splitlines()
         assert by_attempt[("1001", 1)] == ["Epoch 4: resumed"]
 
