@@ -246,9 +246,10 @@ class Actuator:
         """Where the job can run now. A job in a reservation runs only on its nodes; any
         other job on no node an active reservation holds (a maintenance window: a job
         excluded onto such nodes waits for its end, ``ReqNodeNotAvail, May be reserved for
-        other job``). A node only partly reserved, or in a reservation that lets others in
-        (``FLEX``, ``MAGNETIC``), is counted out too: the job then keeps more of its nodes,
-        never fewer than it needs."""
+        other job``). Where Slurm is more lenient (a node only partly reserved, a
+        ``MAGNETIC`` reservation that takes jobs not naming it, a ``FLEX`` one whose jobs may
+        also run outside it) the room counted is smaller than Slurm's: the job keeps more of
+        its nodes, never fewer than it needs."""
         reservations = self.scontrol.active_reservations()
         own = [name for name in job.get("Reservation", "").split(",") if name in reservations]
         allowed = {n for name in own for n in reservations[name]}
