@@ -74,17 +74,22 @@ class Scontrol:
             raise SlurmError(f"scontrol {' '.join(args)}: {message}")
         return done.stdout
 
-    def show_job(self, job_id: str) -> dict[str, str] | None:
-        """The job's fields, None when slurmctld no longer knows the job. Where ``job_id`` is
-        also a job array's id (the array's last task keeps it), scontrol prints every task of
-        the array: the one whose ``JobId`` it is is taken."""
+    def show_jobs(self, job_id: str) -> list[dict[str, str]]:
+        """Every record scontrol prints for ``job_id`` (a job array's id: each of its tasks;
+        a heterogeneous job's: each component); none when slurmctld no longer knows it."""
         try:
             out = self.run(["show", "job", "-o", job_id])
         except SlurmError as exc:
             if "Invalid job id" in str(exc):
-                return None
+                return []
             raise
-        jobs = [parse_job(line) for line in out.strip().splitlines()]
+        return [parse_job(line) for line in out.strip().splitlines()]
+
+    def show_job(self, job_id: str) -> dict[str, str] | None:
+        """The job's fields, None when slurmctld no longer knows the job. Where ``job_id`` is
+        also a job array's id (the array's last task keeps it), scontrol prints every task of
+        the array: the one whose ``JobId`` it is is taken."""
+        jobs = self.show_jobs(job_id)
         return next((job for job in jobs if job.get("JobId") == job_id),
                     jobs[0] if jobs else None)
 

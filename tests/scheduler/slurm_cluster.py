@@ -21,7 +21,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 
 from sibylla.brokers.process import die_with_parent, free_port, stop_process_group
-from sibylla.scheduler.scontrol import Scontrol, SlurmError, parse_job
+from sibylla.scheduler.scontrol import Scontrol, SlurmError
 
 __all__ = ["BINARIES", "SlurmCluster", "missing_binaries"]
 
@@ -189,20 +189,15 @@ PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP
         assert job is not None, f"slurmctld does not know job {job_id}"
         return job
 
-    def array_tasks(self, array_id: str) -> list[dict[str, str]]:
-        """Every task of a job array (pending ones still in one record)."""
-        out = self.scontrol.run(["show", "job", "-o", array_id])
-        return [parse_job(line) for line in out.strip().splitlines()]
-
     def wait_array_failed(self, array_id: str, count: int, timeout_s: float = 60.0
                           ) -> list[dict[str, str]]:
         """The ``count`` tasks of a job array once every one of them has failed."""
         deadline = time.monotonic() + timeout_s
-        tasks = self.array_tasks(array_id)
+        tasks = self.scontrol.show_jobs(array_id)
         while len(tasks) < count or any(t["JobState"] != "FAILED" for t in tasks):
             assert time.monotonic() < deadline, (tasks, self.logs())
             time.sleep(0.3)
-            tasks = self.array_tasks(array_id)
+            tasks = self.scontrol.show_jobs(array_id)
         return tasks
 
     def wait_job(self, job_id: str, ready: Callable[[dict[str, str]], bool],

@@ -648,7 +648,7 @@ def test_a_retried_task_of_a_job_array_is_requeued_alone(cluster: SlurmCluster) 
                         [], [], "m", time.time(), 1.0, state="FAILED")
     record = Actuator(Settings.from_env({}), cluster.scontrol, io.BytesIO()).apply(decision)
     cluster.wait_job(array_id, lambda j: j["Restarts"] == "1" and _finished(j), 60.0)
-    assert sorted(t["Restarts"] for t in cluster.array_tasks(array_id)) == ["0", "0", "1"]
+    assert sorted(t["Restarts"] for t in cluster.scontrol.show_jobs(array_id)) == ["0", "0", "1"]
     assert record["commands"][0] == [
         "scontrol", "requeue", f"{array_id}_{last['ArrayTaskId']}"], record
 
