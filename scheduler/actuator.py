@@ -72,7 +72,7 @@ _MAX_BACKOFF_S = 30.0  # the longest wait between tries while slurmctld does not
 # Slurm's own 120 s wait after a requeue avoids it too; two seconds are enough.
 START_DELAY_S = 2
 _BACKOFF_S = 1.0
-_LAG_INTERVAL_S = 1.0  # how often the lag is measured between batches (one may wait long)
+_LAG_INTERVAL_S = 1.0  # how often the lag is measured
 
 
 @dataclass(frozen=True)
@@ -338,14 +338,13 @@ async def run_actuator(settings: Settings) -> int:
     log.info("slurm actuator: following %s as group %s (%s)", settings.topic("decisions"),
              settings.slurm_actuator_group, settings.slurm_mode)
     in_hand: collections.Counter[TopicPartition] = collections.Counter()
-    # While a decision waits for slurmctld the loop below stands still: the lag is measured
-    # beside it too, so that the decisions piling up behind the wait show.
+    # Measured beside the loop below, which stands still while a decision waits for
+    # slurmctld: the decisions piling up behind the wait show.
     lag_reporter = asyncio.create_task(_report_lag(consumer, actuator.metrics, in_hand))
     try:
         while True:
             batch = await consumer.getmany(timeout_ms=500)
             await _apply_batch(consumer, actuator, batch, in_hand)
-            await _measure_lag(consumer, actuator.metrics, in_hand)
     finally:
         lag_reporter.cancel()
         actuator.stopping.set()  # a decision waiting for slurmctld stops waiting
@@ -384,30 +383,25 @@ async def _apply_batch(consumer: AIOKafkaConsumer, actuator: Actuator,
         in_hand.clear()
 
 
-async def _measure_lag(consumer: AIOKafkaConsumer, metrics: ActuatorMetrics,
-                       in_hand: Mapping[TopicPartition, int]) -> None:
-    """Decisions not yet handled per owned partition: the partition's end as the consumer's
-    fetches last saw it, less the consumer's position, plus the decisions fetched but not yet
-    handled (``in_hand``)."""
-    lags: dict[int, int] = {}
-    for tp in consumer.assignment():
-        end = consumer.highwater(tp)
-        if end is None:
-            continue
-        try:
-            position = await consumer.position(tp)
-        except IllegalStateError:  # revoked by a rebalance meanwhile
-            continue
-        lags[tp.partition] = max(0, end - position + in_hand.get(tp, 0))
-    metrics.set_lag(lags)
-
-
 async def _report_lag(consumer: AIOKafkaConsumer, metrics: ActuatorMetrics,
                       in_hand: Mapping[TopicPartition, int]) -> None:
-    """Measure the lag every :data:`_LAG_INTERVAL_S`, whatever the apply loop is doing."""
+    """Every :data:`_LAG_INTERVAL_S`, whatever the apply loop is doing, the decisions not yet
+    handled per owned partition: the partition's end as the consumer's fetches last saw it,
+    less the consumer's position, plus the decisions fetched but not yet handled
+    (``in_hand``)."""
     while True:
         await asyncio.sleep(_LAG_INTERVAL_S)
-        await _measure_lag(consumer, metrics, in_hand)
+        lags: dict[int, int] = {}
+        for tp in consumer.assignment():
+            end = consumer.highwater(tp)
+            if end is None:
+                continue
+            try:
+                position = await consumer.position(tp)
+            except IllegalStateError:  # revoked by a rebalance meanwhile
+                continue
+            lags[tp.partition] = max(0, end - position + in_hand.get(tp, 0))
+        metrics.set_lag(lags)
 
 
 async def _handle(actuator: Actuator, value: bytes) -> None:
