@@ -16,9 +16,20 @@ import yaml
 
 from sibylla.brokers.process import die_with_parent, free_port, stop_process_group
 
-__all__ = ["ALERT_RULES", "PrometheusProcess", "prometheus_missing"]
+__all__ = ["ALERT_RULES", "PrometheusProcess", "dashboard_queries", "prometheus_missing"]
 
-ALERT_RULES = Path(__file__).resolve().parents[2] / "deploy" / "prometheus" / "alerts.yml"
+DEPLOY = Path(__file__).resolve().parents[2] / "deploy"
+ALERT_RULES = DEPLOY / "prometheus" / "alerts.yml"
+DASHBOARD = DEPLOY / "grafana" / "dashboards" / "sibylla.json"
+
+
+def dashboard_queries(actuator: bool) -> list[tuple[str, str]]:
+    """The Grafana dashboard's queries, as (panel title, expression): those of the Slurm
+    actuator's series when ``actuator``, the workers' otherwise (each asked of a live one)."""
+    dashboard = json.loads(DASHBOARD.read_text())
+    return [(panel["title"], target["expr"]) for panel in dashboard["panels"]
+            for target in panel["targets"]
+            if ("sibylla_actuator_" in target["expr"]) == actuator]
 
 
 def prometheus_missing() -> str | None:
@@ -95,6 +106,10 @@ class PrometheusProcess:
             if result or time.monotonic() > deadline:
                 return result
             time.sleep(0.5)
+
+    def without_data(self, queries: list[tuple[str, str]]) -> list[str]:
+        """``title: expression`` of each query that still returns nothing after a wait."""
+        return [f"{title}: {expr}" for title, expr in queries if not self.wait_for(expr)]
 
     def tail(self, chars: int = 3000) -> str:
         try:

@@ -42,12 +42,15 @@ from tests.integration.fixtures import (
     ship_job,
     start_worker,
 )
-from tests.integration.prometheus import PrometheusProcess, prometheus_missing
+from tests.integration.prometheus import (
+    PrometheusProcess,
+    dashboard_queries,
+    prometheus_missing,
+)
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 ROOT = Path(__file__).resolve().parents[2]
-DASHBOARD = ROOT / "deploy/grafana/dashboards/sibylla.json"
 # A log line is attacker-controlled: the status page must show it as text, never run it.
 HOSTILE_LINE = "RuntimeError: <script>document.title='owned'</script><img src=x onerror=alert(1)>"
 FAILED_JOBS = {
@@ -214,22 +217,14 @@ def test_promtool_accepts_the_worker_exposition(live: Live) -> None:
     assert result.returncode == 0, result.stdout + result.stderr
 
 
-def _dashboard_queries() -> list[tuple[str, str]]:
-    """The dashboard's queries of the workers' series (the Slurm actuator's are asked of a
-    live actuator in ``tests/scheduler``)."""
-    dashboard = json.loads(DASHBOARD.read_text())
-    return [(panel["title"], target["expr"]) for panel in dashboard["panels"]
-            for target in panel["targets"] if "sibylla_actuator_" not in target["expr"]]
-
-
 @only_brokers("tansu")
 def test_every_grafana_query_returns_data_from_a_live_worker(prom: PrometheusProcess) -> None:
-    queries = _dashboard_queries()
+    queries = dashboard_queries(actuator=False)
     assert len(queries) >= 10
     # rate() needs two samples of a counter after it moved: wait for the labels to be counted.
     prom.wait_for("sibylla_labels_published_total")
     time.sleep(3)
-    empty = [f"{title}: {expr}" for title, expr in queries if not prom.wait_for(expr, timeout_s=30)]
+    empty = prom.without_data(queries)
     assert not empty, "queries without data:\n" + "\n".join(empty)
 
 

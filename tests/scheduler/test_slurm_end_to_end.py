@@ -10,7 +10,6 @@ import concurrent.futures
 import dataclasses
 import functools
 import io
-import json
 import os
 import subprocess
 import sys
@@ -40,10 +39,12 @@ from tests.integration.fixtures import (
     read_all,
     start_worker,
 )
-from tests.integration.prometheus import PrometheusProcess, prometheus_missing
+from tests.integration.prometheus import (
+    PrometheusProcess,
+    dashboard_queries,
+    prometheus_missing,
+)
 from tests.scheduler.slurm_cluster import SlurmCluster, missing_binaries
-
-DASHBOARD = Path(__file__).resolve().parents[2] / "deploy/grafana/dashboards/sibylla.json"
 
 pytestmark = [
     pytest.mark.integration, pytest.mark.slow,
@@ -444,11 +445,9 @@ def test_every_actuator_panel_of_the_dashboard_has_data_from_a_live_actuator(
         # rate() needs two scrapes after the counters moved.
         assert prom.wait_for("sum(sibylla_actuator_decisions_total) == 2"), prom.tail()
         time.sleep(3)
-        dashboard = json.loads(DASHBOARD.read_text())
-        queries = [(panel["title"], target["expr"]) for panel in dashboard["panels"]
-                   for target in panel["targets"] if "sibylla_actuator_" in target["expr"]]
+        queries = dashboard_queries(actuator=True)
         assert len(queries) >= 4
-        empty = [f"{title}: {expr}" for title, expr in queries if not prom.wait_for(expr)]
+        empty = prom.without_data(queries)
         assert not empty, "queries without data:\n" + "\n".join(empty)
         handled = prom.query("sum by (action, outcome) "
                              "(rate(sibylla_actuator_decisions_total[5m])) * 60 > 0")
