@@ -75,6 +75,17 @@ def _fails_once(marker: Path, first: str, then: str) -> str:
     return f"if [ ! -e {marker} ]; then\n  touch {marker}\n{first}  exit 1\nfi\n{then}"
 
 
+def _retry(job_id: str) -> Decision:
+    """A worker's retry decision on attempt 0 of a failed job (an NCCL timeout), made now."""
+    return Decision(job_id, 0, "nondeterministic", 0.99, "collective_timeout", "retry", [], [],
+                    "m", time.time(), 1.0, state="FAILED")
+
+
+def _elsewhere(job_id: str, node: str) -> Decision:
+    """A worker's decision to run attempt 0's failed job again away from ``node``."""
+    return Decision(job_id, 0, "nondeterministic", 0.99, "gpu_hardware", "retry_elsewhere",
+                    [node], [], "m", time.time(), 1.0, state="FAILED", exclude_nodes=[node])
+
 def _finished(job: dict[str, str]) -> bool:
     return job["JobState"] in ("COMPLETED", "FAILED")
 
@@ -268,8 +279,7 @@ def test_the_actuator_in_dry_run_changes_nothing_and_a_replay_acts_once(
     cluster.configure_epilog({})  # no broker: the epilog fails fast, the job is untouched
     job_id = cluster.sbatch(_print(NONDETERMINISTIC_LOG) + "exit 1\n", "dry")
     cluster.wait_job(job_id, lambda j: j["JobState"] == "FAILED")
-    decision = Decision(job_id, 0, "nondeterministic", 0.99, "collective_timeout", "retry", [],
-                        [], "m", time.time(), 1.0, state="FAILED")
+    decision = _retry(job_id)
     audit = io.BytesIO()
     base = Settings.from_env({}, slurm_mode="dry-run")
     scontrol = cluster.scontrol
@@ -310,8 +320,7 @@ def test_a_retry_of_a_job_submitted_with_no_requeue_is_skipped_not_failed(
     cluster.configure_epilog({})
     job_id = cluster.sbatch(_print(NONDETERMINISTIC_LOG) + "exit 1\n", "once", "--no-requeue")
     cluster.wait_job(job_id, lambda j: j["JobState"] == "FAILED")
-    decision = Decision(job_id, 0, "nondeterministic", 0.99, "collective_timeout", "retry", [],
-                        [], "m", time.time(), 1.0, state="FAILED")
+    decision = _retry(job_id)
     actuator = Actuator(Settings.from_env({}), cluster.scontrol, io.BytesIO())
     record = actuator.apply(decision)
     assert (record["outcome"], record["commands"]) == ("skipped", []), record
@@ -337,8 +346,7 @@ def test_a_retry_on_the_node_the_job_just_failed_on_runs(cluster: SlurmCluster) 
         while cluster.job(job_id)["JobState"] != "FAILED":
             assert time.monotonic() < deadline, cluster.logs()
             time.sleep(0.02)
-        decision = Decision(job_id, 0, "nondeterministic", 0.99, "collective_timeout", "retry",
-                            [], [], "m", time.time(), 1.0, state="FAILED")
+        decision = _retry(job_id)
         record = Actuator(Settings.from_env({}), cluster.scontrol, io.BytesIO()).apply(decision)
         assert record["outcome"] == "applied", record
         job = cluster.wait_job(job_id, lambda j: j["JobState"] == "FAILED"
@@ -357,8 +365,7 @@ def test_a_decision_made_while_slurmctld_restarts_waits_for_it_and_is_applied(
     cluster.configure_epilog({})
     job_id = cluster.sbatch(_print(NONDETERMINISTIC_LOG) + "exit 1\n", "waits")
     cluster.wait_job(job_id, lambda j: j["JobState"] == "FAILED")
-    decision = Decision(job_id, 0, "nondeterministic", 0.99, "collective_timeout", "retry", [],
-                        [], "m", time.time(), 1.0, state="FAILED")
+    decision = _retry(job_id)
     # Each call fails within 2 s while the controller is down: three tries took ~9 s.
     scontrol = Scontrol("scontrol", 2.0, {"SLURM_CONF": str(cluster.conf)})
     actuator = Actuator(Settings.from_env({}), scontrol, io.BytesIO())
@@ -398,18 +405,14 @@ def test_decisions_piling_up_behind_one_that_waits_for_slurmctld_show_in_the_lag
             time.sleep(0.3)
         return seen
 
-    def retry(job_id: str) -> Decision:  # jobs slurmctld does not know: skipped once it answers
-        return Decision(job_id, 0, "nondeterministic", 0.99, "collective_timeout", "retry",
-                        [], [], "m", time.time(), 1.0, state="FAILED")
-
-    try:
-        asyncio.run(_publish(settings, retry("525250")))
+    try:  # jobs slurmctld does not know: skipped once it answers
+        asyncio.run(_publish(settings, _retry("525250")))
         assert [r["outcome"] for r in actuator.wait_lines(1)] == ["skipped"]
         cluster.stop_controller()
         try:
-            asyncio.run(_publish(settings, retry("525251")))
+            asyncio.run(_publish(settings, _retry("525251")))
             time.sleep(3.0)  # the actuator holds it, waiting for slurmctld
-            asyncio.run(_publish(settings, retry("525252"), retry("525253")))
+            asyncio.run(_publish(settings, _retry("525252"), _retry("525253")))
             # The one in hand and the two behind it.
             assert lag_reaches(3, 15.0) == 3, actuator.lines()
         finally:
@@ -439,8 +442,7 @@ def test_every_actuator_panel_of_the_dashboard_has_data_from_a_live_actuator(
         # Scraped before the decisions come, so that the counters' rise is seen.
         assert prom.wait_for("sibylla_actuator_decisions_total"), prom.tail()
         asyncio.run(_publish(settings, *(
-            Decision(job, 0, "nondeterministic", 0.99, "collective_timeout", "retry", [], [],
-                     "m", time.time(), 1.0, state="FAILED") for job in (job_id, "535353"))))
+            _retry(job) for job in (job_id, "535353"))))
         assert sorted(r["outcome"] for r in actuator.wait_lines(2)) == ["applied", "skipped"]
         # rate() needs two scrapes after the counters moved.
         assert prom.wait_for("sum(sibylla_actuator_decisions_total) == 2"), prom.tail()
@@ -526,9 +528,6 @@ def test_an_actuator_whose_group_moved_on_while_it_waited_applies_and_goes_on(
     monkeypatch.setattr(actuator_module, "AIOKafkaConsumer",
                         functools.partial(AIOKafkaConsumer, max_poll_interval_ms=3000))
 
-    def retry(job_id: str) -> Decision:
-        return Decision(job_id, 0, "nondeterministic", 0.99, "collective_timeout", "retry",
-                        [], [], "m", time.time(), 1.0, state="FAILED")
 
     def audited() -> list[tuple[str, str]]:
         lines = audit.read_bytes().splitlines() if audit.exists() else []
@@ -538,13 +537,13 @@ def test_an_actuator_whose_group_moved_on_while_it_waited_applies_and_goes_on(
     try:
         # Once it has handled a decision (for a job slurmctld does not know), the actuator
         # is the group's only member and owns every partition.
-        asyncio.run(_publish(settings, retry("424242")))
+        asyncio.run(_publish(settings, _retry("424242")))
         deadline = time.monotonic() + 60
         while ("424242", "skipped") not in audited() and time.monotonic() < deadline:
             time.sleep(0.2)
         cluster.stop_controller()
         try:
-            asyncio.run(_publish(settings, retry(first)))
+            asyncio.run(_publish(settings, _retry(first)))
             time.sleep(2.0)  # the actuator holds the decision, waiting for slurmctld
             other = LoopThread(_group_member(settings))
             time.sleep(8.0)  # the group goes on without the waiting actuator
@@ -555,7 +554,7 @@ def test_an_actuator_whose_group_moved_on_while_it_waited_applies_and_goes_on(
         while (first, "applied") not in audited() and time.monotonic() < deadline:
             time.sleep(0.2)
         other.stop()
-        asyncio.run(_publish(settings, retry(second)))
+        asyncio.run(_publish(settings, _retry(second)))
         # Its retry ended too: the cluster's epilog publishes into the next test otherwise.
         cluster.wait_job(second, lambda j: j["Restarts"] == "1" and _finished(j), 60.0)
     finally:
@@ -573,9 +572,7 @@ def test_a_job_on_every_node_sent_elsewhere_runs_again_where_it_can(
     cluster.configure_epilog({})
     job_id = cluster.sbatch(_print(NONDETERMINISTIC_LOG) + "exit 1\n", "wide", "-N2")
     cluster.wait_job(job_id, lambda j: j["JobState"] == "FAILED")
-    decision = Decision(job_id, 0, "nondeterministic", 0.99, "gpu_hardware", "retry_elsewhere",
-                        ["node1"], [], "m", time.time(), 1.0, state="FAILED",
-                        exclude_nodes=["node1"])
+    decision = _elsewhere(job_id, "node1")
     record = Actuator(Settings.from_env({}), cluster.scontrol, io.BytesIO()).apply(decision)
     assert record["outcome"] == "applied", record
     assert record["note"].startswith("not excluded: node1 (the job needs 2 of the 2 nodes")
@@ -592,9 +589,7 @@ def test_a_job_sent_elsewhere_with_the_other_nodes_down_runs_again_where_it_can(
     try:
         job_id = cluster.sbatch(_print(NONDETERMINISTIC_LOG) + "exit 1\n", "cornered")
         cluster.wait_job(job_id, lambda j: j["JobState"] == "FAILED")
-        decision = Decision(job_id, 0, "nondeterministic", 0.99, "gpu_hardware",
-                            "retry_elsewhere", ["node1"], [], "m", time.time(), 1.0,
-                            state="FAILED", exclude_nodes=["node1"])
+        decision = _elsewhere(job_id, "node1")
         record = Actuator(Settings.from_env({}), cluster.scontrol, io.BytesIO()).apply(decision)
         assert record["note"].startswith("not excluded: node1 (the job needs 1 of the 1 nodes")
         cluster.wait_job(job_id, lambda j: j["Restarts"] == "1" and _finished(j), 60.0)
@@ -620,9 +615,7 @@ def test_jobs_sent_elsewhere_around_a_maintenance_reservation_run_again_where_th
         for job_id, node in ((outside, "node1"), (inside, "node2")):
             job = cluster.wait_job(job_id, lambda j: j["JobState"] == "FAILED")
             assert job["NodeList"] == node
-            decision = Decision(job_id, 0, "nondeterministic", 0.99, "gpu_hardware",
-                                "retry_elsewhere", [node], [], "m", time.time(), 1.0,
-                                state="FAILED", exclude_nodes=[node])
+            decision = _elsewhere(job_id, node)
             record = actuator.apply(decision)
             assert record.get("note", "").startswith(
                 f"not excluded: {node} (the job needs 1 of the 1 nodes"), record
@@ -643,8 +636,7 @@ def test_a_retried_task_of_a_job_array_is_requeued_alone(cluster: SlurmCluster) 
     array_id = cluster.sbatch(_print(NONDETERMINISTIC_LOG) + "exit 1\n", "sweep", "--array=0-2")
     cluster.wait_array_failed(array_id, 3)
     last = cluster.job(array_id)  # the task that has the array's id as its own
-    decision = Decision(array_id, 0, "nondeterministic", 0.99, "collective_timeout", "retry",
-                        [], [], "m", time.time(), 1.0, state="FAILED")
+    decision = _retry(array_id)
     record = Actuator(Settings.from_env({}), cluster.scontrol, io.BytesIO()).apply(decision)
     cluster.wait_job(array_id, lambda j: j["Restarts"] == "1" and _finished(j), 60.0)
     assert sorted(t["Restarts"] for t in cluster.scontrol.show_jobs(array_id)) == ["0", "0", "1"]
@@ -707,9 +699,7 @@ def test_a_heterogeneous_job_gets_one_decision_which_requeues_all_of_it(
                   if r["job_id"] in (leader, component)) == [leader], cluster.logs()
 
     actuator = Actuator(Settings.from_env({}), cluster.scontrol, io.BytesIO())
-    outcomes = [actuator.apply(Decision(job_id, 0, "nondeterministic", 0.99,
-                                        "collective_timeout", "retry", [], [], "m",
-                                        time.time(), 1.0, state="FAILED"))["outcome"]
+    outcomes = [actuator.apply(_retry(job_id))["outcome"]
                 for job_id in (component, leader)]  # one published by another shipper, too
     assert outcomes == ["skipped", "applied"]
     # Both components requeued. When a requeued heterogeneous job starts again is slurmctld's
