@@ -79,6 +79,7 @@ def _train(args: argparse.Namespace) -> int:
         TrainConfig,
         default_training_records,
         examples_from_records,
+        held_out_files,
         train_model,
         with_overrides,
     )
@@ -90,7 +91,7 @@ def _train(args: argparse.Namespace) -> int:
     checkpoint = train_model(examples_from_records(records), config)
     # The operating point: chosen on real logs of projects never trained on, not on the
     # mostly generated validation split (``sibylla evaluate`` cross-fits it by project).
-    files = _held_out_files(checkpoint.meta)
+    files = held_out_files(checkpoint.meta)
     held_out = [r for path in files for r in load_records(path)]
     classifier = ModelClassifier(checkpoint, device="cpu")
     threshold, rule = operating_threshold(classifier, held_out)
@@ -141,10 +142,11 @@ def _evaluate(args: argparse.Namespace) -> int:
     from .corpus import load_records
     from .engine import load_classifier
     from .evaluate import evaluate_file, format_report
+    from .train import held_out_files
 
     try:
         model = load_classifier(args.model or None, device="cpu")
-        paths = args.data or _held_out_files(model.meta)
+        paths = args.data or held_out_files(model.meta)
         records = [r for path in paths for r in load_records(path)]
     except (ModelLoadError, ValueError, OSError) as exc:
         print(f"sibylla evaluate: {exc}", file=sys.stderr)
@@ -168,15 +170,6 @@ def _evaluate(args: argparse.Namespace) -> int:
         print(f"  {cat:30s} n={row['n']:3d} verdict {row['verdict_accuracy']:.2f} "
               f"category {row['category_accuracy']:.2f}")
     return 0
-
-
-def _held_out_files(meta: dict[str, Any]) -> list[Any]:
-    """Every packaged real corpus file the model with metadata ``meta`` was not trained on."""
-    from .corpus import REAL_FILES, packaged_path
-    from .train import TrainConfig
-
-    trained = set(TrainConfig.from_meta(meta).real_files)
-    return [packaged_path(name) for name in REAL_FILES if name not in trained]
 
 
 def _lofo(args: argparse.Namespace) -> int:

@@ -21,13 +21,14 @@ import random
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, fields, replace
+from pathlib import Path
 from typing import Any, NamedTuple
 
 import torch
 
 from .api import LogWindow
 from .checkpoint import Checkpoint
-from .corpus import TRAIN_FILES, Record, load_records, packaged_path, split_by_source
+from .corpus import REAL_FILES, TRAIN_FILES, Record, load_records, packaged_path, split_by_source
 from .engine import score_encoded, withheld
 from .features import Encoded, batch_input, encode_window, line_tokens
 from .model import ModelConfig, RecurrentClassifier
@@ -44,6 +45,7 @@ __all__ = [
     "choose_threshold",
     "default_training_records",
     "examples_from_records",
+    "held_out_files",
     "train_model",
     "with_overrides",
 ]
@@ -105,6 +107,13 @@ def default_training_records(config: TrainConfig) -> list[Record]:
     for name in config.real_files:
         records += load_records(packaged_path(name))
     return records
+
+
+def held_out_files(meta: Mapping[str, Any]) -> list[Path]:
+    """Every packaged real corpus file the model with metadata ``meta`` was not trained on:
+    where its held-out scores (and its operating threshold) come from."""
+    trained = set(TrainConfig.from_meta(meta).real_files)
+    return [packaged_path(name) for name in REAL_FILES if name not in trained]
 
 
 def examples_from_records(records: Sequence[Record]) -> list[Example]:
