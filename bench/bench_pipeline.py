@@ -149,9 +149,10 @@ class Bench:
     """One run against one broker: the phases share the broker and a scratch directory."""
 
     def __init__(self, broker: BrokerProcess, plan: Plan, workdir: Path, store: str,
-                 worker_command: Sequence[str] | None) -> None:
+                 worker_command: Sequence[str] | None, device: str = "cpu") -> None:
         self.broker = broker
         self.store = store
+        self.device = device
         self.plan = plan
         self.workdir = workdir
         self.worker_command = worker_command
@@ -175,7 +176,7 @@ class Bench:
             "SIBYLLA_PARTITIONS": str(settings.partitions),
             "SIBYLLA_STORE": store or self.store,
             "SIBYLLA_DATA_DIR": str(self.workdir / settings.group_id),
-            "SIBYLLA_DEVICE": "cpu",
+            "SIBYLLA_DEVICE": self.device,
             "SIBYLLA_LOG_LEVEL": "warning",
         }
         log_path = self.workdir / f"{settings.group_id}.log"
@@ -213,11 +214,16 @@ class Bench:
         settings = self.settings(kind)
         topic = settings.topic("logs")
         asyncio.run(ensure_topics(settings))
-        messages, produce_s = asyncio.run(produce_partitioned(settings, topic, records))
-        bare = asyncio.run(bare_consume(settings, topic, lines, timeout_s=120))
         with self.worker(settings) as worker:
+            wait_serving(worker, timeout_s=120)
+            # The lines go in while the worker is held, so that it finds them waiting, as the
+            # bare loop does, and takes them with its model already in: on a fast box a worker
+            # started on the waiting lines took them all before its model had loaded.
+            with worker.held():
+                messages, produce_s = asyncio.run(produce_partitioned(settings, topic, records))
             measured = poll_ingest(worker, lines, timeout_s=180,
                                    settle=lambda: asyncio.run(wait_committed(settings, topic)))
+        bare = asyncio.run(bare_consume(settings, topic, lines, timeout_s=120))
         # Window writes to the changelog: each is a whole serialized window, so records per
         # ingested message tell how much the worker writes for what it reads.
         changelog = asyncio.run(topic_records(settings, changelog_topic(settings, "windows")))
@@ -629,18 +635,32 @@ async def wait_committed(settings: Settings, topic: str, timeout_s: float = 30.0
         await probe.close()
 
 
+def wait_serving(worker: Worker, timeout_s: float) -> None:
+    """Until the worker owns its partitions (``sibylla_worker_ready``) with its model in
+    (``sibylla_model_info``): start-up, group join and the model's load are over."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        worker.check_alive()
+        metrics = worker.metrics()
+        if (metrics.get("sibylla_worker_ready", 0.0) >= 1
+                and metrics.get("sibylla_model_info", 0.0) >= 1):
+            return
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"the worker was not serving with its model in {timeout_s} s")
+        time.sleep(POLL_S)
+
+
 def poll_ingest(worker: Worker, lines: int, timeout_s: float, stall_s: float = 15.0,
                 settle: Callable[[], None] | None = None) -> dict[str, float]:
     """Lines/s from the worker's ``sibylla_log_lines_ingested_total``, from its first non-zero
-    reading once its model is in (start-up, group join and the model's load excluded) to the
-    reading that reaches ``lines``; CPU from that first reading until ``settle`` returns,
-    called once they are all in (it waits for work they caused after their count, e.g.
-    saving windows before the next commit).
+    reading once its model is in to the reading that reaches ``lines``; CPU from that first
+    reading until ``settle`` returns, called once they are all in (it waits for work they
+    caused after their count, e.g. saving windows before the next commit).
 
-    The model loads in a thread of its own while the worker joins its group, and ingest may
-    begin before it is in (a broker that holds no join): the ~3 s of CPU the load costs would
-    be charged to the lines (docs/pipeline-bench.md, finding 12). A worker that took every
-    line before its model was in measured nothing: that is an error, not a figure.
+    The model's load costs ~3 s of CPU, which would be charged to the lines were they taken
+    while it loads (docs/pipeline-bench.md, finding 12): :meth:`Bench.ingest` produces them
+    once the worker is serving. A worker that took every line before the first reading
+    measured nothing: that is an error, not a figure.
 
     A count that stops short of ``lines`` for ``stall_s`` means records were lost: the rate
     is then taken up to the last change and ``missing_lines`` says how many never arrived.
@@ -671,8 +691,8 @@ def poll_ingest(worker: Worker, lines: int, timeout_s: float, stall_s: float = 1
         # Every 100 ms it is ~2%, and the rate's end is known within 100 ms.
         time.sleep(POLL_S)
     if first_t is None or first_n is None:
-        raise RuntimeError(f"the worker ingested all {lines:,} lines before its model was in: "
-                           "nothing left to measure; make the phase longer")
+        raise RuntimeError(f"the worker ingested all {lines:,} lines before the first reading "
+                           "with its model in: nothing left to measure; make the phase longer")
     if settle is not None and count >= lines:
         settle()
     cpu = worker.cpu_s() - first_cpu
@@ -862,6 +882,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--store", choices=("rocksdb", "memory"), default="rocksdb",
                         help="table store of the ingest and decision workers (the memory "
                         "phase always measures rocksdb)")
+    parser.add_argument("--device", choices=("cpu", "cuda", "auto"), default="cpu",
+                        help="where the workers' model runs (SIBYLLA_DEVICE; default: cpu, "
+                             "the README's figures)")
     parser.add_argument("--phases", default=",".join(PHASES),
                         help=f"comma-separated subset of {', '.join(PHASES)}")
     parser.add_argument("--failure-rate", type=float, default=TARGET_FAILURE_RATE,
@@ -886,7 +909,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         with start_broker(args.broker, workdir) as broker:
             print(f"{args.broker} on {broker.bootstrap_servers}, scratch {workdir}", flush=True)
-            results = Bench(broker, plan, workdir, args.store, command).run(phases)
+            results = Bench(broker, plan, workdir, args.store, command,
+                            args.device).run(phases)
     finally:
         if not args.keep:
             shutil.rmtree(workdir, ignore_errors=True)
@@ -896,7 +920,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         "started_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(started)),
         "wall_s": round(time.time() - started, 1),
         "load_before": load_before, "load_after": [round(x, 2) for x in os.getloadavg()],
-        "store": args.store, "phases": phases, "plan": plan.__dict__, "machine": machine(),
+        "store": args.store, "device": args.device, "phases": phases, "plan": plan.__dict__,
+        "machine": machine(),
         "results": results,
     }
     report["targets"] = verdicts(results)
@@ -904,6 +929,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     name = f"pipeline-{args.broker}" + ("-quick" if args.quick else "")
     if args.store != "rocksdb":
         name += f"-{args.store}-store"
+    if args.device != "cpu":
+        name += f"-{args.device}"
     if set(phases) != PHASES.keys():
         name += "-" + "-".join(phases)
     # the rates in the name unless they are the defaults (the README's results files)

@@ -7,6 +7,7 @@ implements (produce, consume, time) rather than as process and protocol plumbing
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import random
 import re
@@ -380,6 +381,18 @@ class Worker:
                 if name in out:
                     out[name] += int(value.split()[0])
         return out
+
+    @contextlib.contextmanager
+    def held(self) -> Iterator[None]:
+        """The worker's own process stopped (SIGSTOP) for the block, then continued: records
+        produced meanwhile wait for it as a backlog. Keep the block shorter than the session
+        timeout (6 s), or the group moves its partitions."""
+        assert self.proc is not None
+        os.kill(self.proc.pid, signal.SIGSTOP)
+        try:
+            yield
+        finally:
+            os.kill(self.proc.pid, signal.SIGCONT)
 
     def kill(self) -> None:
         """SIGKILL the worker's process group: a crash, no shutdown, no final commit."""
