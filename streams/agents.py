@@ -272,8 +272,10 @@ class Pipeline:
 
     def _show_model(self, classifier: Classifier,
                     scores: Mapping[str, Any] | None = None) -> None:
-        """Name the deciding model in the metrics and on the status page."""
-        self.metrics.set_model(classifier.version)
+        """Name the deciding model, and where it runs, in the metrics and on the status page.
+        The model's classifiers say where they run (``device``); the baselines run on the CPU.
+        """
+        self.metrics.set_model(classifier.version, str(getattr(classifier, "device", "cpu")))
         self.activity.set_model(classifier.version, scores)
 
     async def _on_revoked(self, app: Any, revoked: set[TP], **_: Any) -> None:

@@ -76,8 +76,9 @@ class WorkerMetrics:
         self.worker_info = Gauge("sibylla_worker_info", "This worker process (value 1).",
                                  ["pid"], registry=r)
         self.worker_info.labels(pid=str(os.getpid())).set(1)
-        self.model_info = Gauge("sibylla_model_info", "The model making decisions (value 1).",
-                                ["version"], registry=r)
+        self.model_info = Gauge("sibylla_model_info", "The model making decisions (value 1) "
+                                "and where it runs (device: cpu or cuda).",
+                                ["version", "device"], registry=r)
         self.failure_rate = Gauge("sibylla_node_failure_rate_per_node_day",
                                   "Estimated infrastructure failures per node-day (r_f).",
                                   registry=r)
@@ -96,6 +97,6 @@ class WorkerMetrics:
         self.batch_size.observe(size)
         self.batch_latency.observe(seconds)
 
-    def set_model(self, version: str) -> None:
+    def set_model(self, version: str, device: str) -> None:
         self.model_info.clear()
-        self.model_info.labels(version=version).set(1)
+        self.model_info.labels(version=version, device=device).set(1)

@@ -70,6 +70,9 @@ def make_settings(bootstrap: str, prefix: str, workdir: Path, **overrides: Any) 
         "slurm_actuator_metrics_port": free_port(), "grace_period_s": 0.5, "partitions": 4,
         # A candidate model can be tested with SIBYLLA_MODEL_PATH; default: the shipped one.
         "model_path": os.environ.get("SIBYLLA_MODEL_PATH", ""),
+        # On a GPU box too, so that tests see the same device as CI's (the CUDA path is
+        # checked by bench/device_agreement.py).
+        "device": "cpu",
     }
     values.update(overrides)
     return Settings.from_env({}, **{k: str(v) for k, v in values.items()})

@@ -190,7 +190,7 @@ def test_least_privilege_worker_and_trainer_run_end_to_end_and_leak_no_secret(
                 env={**os.environ, **online.to_env(), **trainer_settings.to_env()})
         try:
             deadline = time.monotonic() + 120
-            swapped = 'sibylla_model_info{version="tiny-acl"} 1.0'
+            swapped = 'sibylla_model_info{device="cpu",version="tiny-acl"} 1.0'
             while swapped not in worker.metrics_text() and time.monotonic() < deadline:
                 assert trainer.poll() is None, trainer_log.read_text()[-3000:]
                 time.sleep(0.5)

@@ -127,9 +127,10 @@ def live(broker: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Live
     security = {"SIBYLLA_MODEL_PUBLIC_KEY": public_key, "SIBYLLA_MODEL_ROOTS": str(workdir),
                 "SIBYLLA_OPERATOR_TOKENS_FILE": str(tokens)}
     with start_worker(settings, workdir, extra_env=security) as worker:
-        # The model loads while the worker joins its group: it is named once loaded.
+        # The model loads while the worker joins its group: it is named once loaded, with
+        # where it runs (the tests' workers: SIBYLLA_DEVICE=cpu, make_settings).
         deadline = time.monotonic() + 60
-        while (version := re.search(r'sibylla_model_info\{version="([^"]+)"\}',
+        while (version := re.search(r'sibylla_model_info\{device="cpu",version="([^"]+)"\}',
                                     text := worker.metrics_text())) is None:
             assert time.monotonic() < deadline, text
             time.sleep(0.2)

@@ -101,7 +101,7 @@ def test_outcomes_become_labels_and_a_promoted_model_makes_the_next_decision(
                 while time.monotonic() < deadline and not task.done():
                     current = ModelStore(online.models_dir).current
                     if current is not None and current.status == "promoted" and (
-                            f'sibylla_model_info{{version="{current.version}"}} 1.0'
+                            f'sibylla_model_info{{device="cpu",version="{current.version}"}} 1.0'
                             in worker.metrics_text()):
                         return current.version
                     await asyncio.sleep(0.5)
