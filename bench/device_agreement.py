@@ -6,7 +6,8 @@ verdict that flips between the two would make the GPU deployment decide differen
 figures in the README. This decides every held-out real log (the packaged real files the
 model was not trained on, or ``--data``) on both devices and reports how many verdicts and
 served actions differ (above all any ``do_not_retry`` that only one device gives), the largest
-difference in confidence, and the decisions that lie closer to the threshold than that.
+difference in confidence, and the deterministic verdicts (the only ones withheld below the
+threshold) that lie closer to it than that.
 
     python bench/device_agreement.py [--model PATH] [--data FILE ...] [--out FILE]
 
@@ -57,7 +58,9 @@ def compare(cpu: list[Any], cuda: list[Any], threshold: float) -> dict[str, Any]
         "actions_differ": dict(flips),
         "confidence_delta_max": round(worst, 6),
         "confidence_delta_median": round(statistics.median(deltas), 6) if deltas else 0.0,
-        "near_threshold": sum(abs(a.confidence - threshold) <= worst for a in cpu),
+        # Only a deterministic verdict is withheld below the threshold (engine.withheld).
+        "near_threshold": sum(a.verdict == "deterministic" and abs(a.confidence - threshold)
+                              <= worst for a in cpu),
     }
 
 

@@ -28,13 +28,16 @@ def test_identical_predictions_agree() -> None:
 
 
 def test_a_do_not_retry_served_on_one_device_only_is_counted() -> None:
-    cpu = [_p("deterministic", 0.961), _p("deterministic", 0.99), _p("nondeterministic", 0.6)]
-    cuda = [_p("deterministic", 0.958), _p("deterministic", 0.989), _p("nondeterministic", 0.61)]
+    cpu = [_p("deterministic", 0.961), _p("deterministic", 0.99), _p("nondeterministic", 0.6),
+           _p("nondeterministic", 0.955, "collective_timeout")]
+    cuda = [_p("deterministic", 0.958), _p("deterministic", 0.989), _p("nondeterministic", 0.61),
+            _p("nondeterministic", 0.955, "collective_timeout")]
     report = compare(cpu, cuda, threshold=0.96)
     assert report["verdicts_differ"] == 0
     assert report["actions_differ"] == {"do_not_retry -> default_policy": 1}
     assert report["confidence_delta_max"] == pytest.approx(0.01)
-    # Within the largest difference of the threshold: the first (0.001) and second (0.03: no).
+    # Within the largest difference of the threshold: the first (0.001); not the second
+    # (0.03 away), nor the last, a retry served whatever its confidence.
     assert report["near_threshold"] == 1
 
 
