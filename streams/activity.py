@@ -51,13 +51,18 @@ class Activity:
         self.lag: dict[tuple[str, int], int] = {}
         self.lag_at: float | None = None
         self.model_version = model_version
+        self.model_device = ""  # where it runs: cpu or cuda ("" until loaded)
         self.model_scores: Mapping[str, Any] = {}
         self._minutes: dict[int, _Minute] = {}
 
-    def set_model(self, version: str, scores: Mapping[str, Any] | None = None) -> None:
-        """The model now deciding, with its gate scores when it came from an announcement."""
+    def set_model(self, version: str, scores: Mapping[str, Any] | None = None,
+                  device: str | None = None) -> None:
+        """The model now deciding, with its gate scores when it came from an announcement,
+        and where it runs (None: where it ran, for the same model announced again)."""
         self.model_version = version
         self.model_scores = dict(scores or {})
+        if device is not None:
+            self.model_device = device
 
     def set_lag(self, lag: Mapping[tuple[str, int], int], now: float | None = None) -> None:
         self.lag = dict(lag)

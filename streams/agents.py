@@ -275,8 +275,9 @@ class Pipeline:
         """Name the deciding model, and where it runs, in the metrics and on the status page.
         The model's classifiers say where they run (``device``); the baselines run on the CPU.
         """
-        self.metrics.set_model(classifier.version, str(getattr(classifier, "device", "cpu")))
-        self.activity.set_model(classifier.version, scores)
+        device = str(getattr(classifier, "device", "cpu"))
+        self.metrics.set_model(classifier.version, device)
+        self.activity.set_model(classifier.version, scores, device)
 
     async def _on_revoked(self, app: Any, revoked: set[TP], **_: Any) -> None:
         """Forget what this worker knew of a partition it no longer owns: if it comes back,

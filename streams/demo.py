@@ -261,7 +261,9 @@ async def _worker_model(metrics_text: Callable[[], str]) -> str | None:
         text = await asyncio.to_thread(metrics_text)
     except OSError:
         return None
-    found = re.search(r'^sibylla_model_info\{version="([^"]+)"\} 1\.0$', text, re.M)
+    # Labels in any order: version and device (where the model runs).
+    found = re.search(r'^sibylla_model_info\{(?:[^}]*,)?version="([^"]+)"[^}]*\} 1\.0$', text,
+                      re.M)
     return found.group(1) if found else None
 
 

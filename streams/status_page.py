@@ -66,7 +66,9 @@ def _scores(scores: Mapping[str, Any]) -> str:
 
 
 def _model(activity: Activity) -> str:
-    out = f"<p>Deciding with <b id=model-version>{_t(activity.model_version)}</b>.</p>"
+    on = (f" on <b id=model-device>{_t(activity.model_device)}</b>"
+          if activity.model_device else "")
+    out = f"<p>Deciding with <b id=model-version>{_t(activity.model_version)}</b>{on}.</p>"
     if activity.model_scores:
         return out + "<p>Gate scores when it was promoted:</p>" + _scores(activity.model_scores)
     return out + ("<p class=muted>Gate scores: not known (this model was loaded at start, "

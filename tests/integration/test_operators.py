@@ -278,7 +278,7 @@ def test_the_status_page_renders_the_figures_in_chromium(live: Live, tmp_path: P
     dom = _chromium(f"--user-data-dir={tmp_path / 'profile'}", "--dump-dom", url)
     assert dom.returncode == 0, dom.stderr[-3000:]
     page = dom.stdout
-    assert f'<b id="model-version">{live.model_version}</b>' in page
+    assert f'<b id="model-version">{live.model_version}</b> on <b id="model-device">cpu</b>' in page
     assert "det_precision 0.933" in page  # the gate scores it was announced with
     assert '<b class="ok" id="ready">ready</b>' in page
     for job_id, decision in live.decisions.items():

@@ -22,13 +22,13 @@ def decision(job_id: str, action: str = "do_not_retry", at: float = NOW,
 
 def test_log_text_and_names_are_escaped_everywhere() -> None:
     activity = Activity(EVIL)
-    activity.set_model(EVIL, {EVIL: {EVIL: {EVIL: 0.5}}})
+    activity.set_model(EVIL, {EVIL: {EVIL: {EVIL: 0.5}}}, EVIL)
     activity.on_decision(decision(EVIL, evidence=[EVIL], nodes=[EVIL], action="retry_elsewhere"))
     activity.on_dead_letter(DeadLetterNote(NOW, EVIL, "invalid_json", EVIL))
     activity.set_lag({(EVIL, 0): 3}, NOW)
     page = render_status_page(activity, ReadyState(False, EVIL, [], None), EVIL, NOW)
     assert "<script" not in page and "<img" not in page
-    assert page.count("&lt;script&gt;") >= 8  # title, model, scores, job, evidence, node, ...
+    assert page.count("&lt;script&gt;") >= 9  # title, model, device, scores, job, evidence, ...
 
 
 def test_the_page_shows_decisions_lag_dead_letters_and_says_when_there_are_none() -> None:
@@ -64,3 +64,12 @@ def test_memory_is_bounded_and_old_minutes_leave_the_chart() -> None:
     assert len(per_minute) == MINUTES
     assert sum(per_minute) == sum(1 for at in times if at // 60 > NOW // 60 - MINUTES) == 39
     assert per_minute[-20:] == [0] * 20  # the last 20 minutes had none
+
+
+def test_the_page_says_where_the_model_runs_also_once_its_announcement_comes_again() -> None:
+    activity = Activity("lstm-1")
+    activity.set_model("lstm-1", None, "cuda")
+    activity.set_model("lstm-1", {"lstm-1": {"real": {"det_precision": 0.99}}})  # re-announced
+    page = render_status_page(activity, READY, "w1", NOW)
+    assert "Deciding with <b id=model-version>lstm-1</b> on <b id=model-device>cuda</b>." in page
+    assert "det_precision 0.99" in page
