@@ -29,32 +29,26 @@ __all__ = ["main"]
 RESULTS = Path(__file__).parent / "results"
 
 
-def _action(verdict: str) -> str:
-    """The action a decision serves for a verdict at the threshold (unknown: abstained)."""
-    return {"deterministic": "do_not_retry", "nondeterministic": "retry"}.get(
-        verdict, "default_policy")
-
-
 def compare(cpu: list[Any], cuda: list[Any], threshold: float) -> dict[str, Any]:
     """Agreement of two devices' raw predictions (made without abstention) of the same logs,
-    and of the actions they serve at ``threshold``."""
+    and of the actions the worker serves for them at ``threshold`` (``policy.action_for``)."""
     from sibylla.inference.engine import at_threshold
+    from sibylla.streams.policy import action_for
 
+    pairs = list(zip(cpu, cuda, strict=True))
     deltas = [abs(a.confidence - b.confidence) if a.verdict == b.verdict else 1.0
-              for a, b in zip(cpu, cuda, strict=True)]
+              for a, b in pairs]
     worst = max(deltas, default=0.0)
     flips: Counter[str] = Counter()
-    for a, b in zip(cpu, cuda, strict=True):
-        served = _action(at_threshold(a, threshold).verdict), _action(
-            at_threshold(b, threshold).verdict)
+    for a, b in pairs:
+        served = (action_for(at_threshold(a, threshold)), action_for(at_threshold(b, threshold)))
         if served[0] != served[1]:
             flips[f"{served[0]} -> {served[1]}"] += 1
     return {
-        "logs": len(cpu),
-        "verdicts_differ": sum(a.verdict != b.verdict for a, b in zip(cpu, cuda, strict=True)),
-        "categories_differ": sum(a.category != b.category
-                                 for a, b in zip(cpu, cuda, strict=True)),
-        "evidence_differs": sum(a.evidence != b.evidence for a, b in zip(cpu, cuda, strict=True)),
+        "logs": len(pairs),
+        "verdicts_differ": sum(a.verdict != b.verdict for a, b in pairs),
+        "categories_differ": sum(a.category != b.category for a, b in pairs),
+        "evidence_differs": sum(a.evidence != b.evidence for a, b in pairs),
         "actions_differ": dict(flips),
         "confidence_delta_max": round(worst, 6),
         "confidence_delta_median": round(statistics.median(deltas), 6) if deltas else 0.0,
