@@ -275,7 +275,7 @@ class OnlineLearning:
                 # The model it runs, announced again (a worker restarted reads the compacted
                 # topic from its start): its gate scores are now known.
                 self.guard.accepted(ann)
-                self.p.activity.set_model(ann.version, ann.metrics)
+                self.p.activity.set_scores(ann.metrics)
                 return False
             classifier = await self._load(ann)
         except AnnouncementError as exc:

@@ -55,14 +55,18 @@ class Activity:
         self.model_scores: Mapping[str, Any] = {}
         self._minutes: dict[int, _Minute] = {}
 
-    def set_model(self, version: str, scores: Mapping[str, Any] | None = None,
-                  device: str | None = None) -> None:
-        """The model now deciding, with its gate scores when it came from an announcement,
-        and where it runs (None: where it ran, for the same model announced again)."""
+    def set_model(self, version: str, device: str,
+                  scores: Mapping[str, Any] | None = None) -> None:
+        """The model now deciding, where it runs, and its gate scores when it came from an
+        announcement."""
         self.model_version = version
+        self.model_device = device
         self.model_scores = dict(scores or {})
-        if device is not None:
-            self.model_device = device
+
+    def set_scores(self, scores: Mapping[str, Any]) -> None:
+        """The deciding model's gate scores, once its announcement is read (a worker that
+        loaded it at start learns them then)."""
+        self.model_scores = dict(scores)
 
     def set_lag(self, lag: Mapping[tuple[str, int], int], now: float | None = None) -> None:
         self.lag = dict(lag)

@@ -277,7 +277,7 @@ class Pipeline:
         """
         device = str(getattr(classifier, "device", "cpu"))
         self.metrics.set_model(classifier.version, device)
-        self.activity.set_model(classifier.version, scores, device)
+        self.activity.set_model(classifier.version, device, scores)
 
     async def _on_revoked(self, app: Any, revoked: set[TP], **_: Any) -> None:
         """Forget what this worker knew of a partition it no longer owns: if it comes back,

@@ -22,7 +22,7 @@ def decision(job_id: str, action: str = "do_not_retry", at: float = NOW,
 
 def test_log_text_and_names_are_escaped_everywhere() -> None:
     activity = Activity(EVIL)
-    activity.set_model(EVIL, {EVIL: {EVIL: {EVIL: 0.5}}}, EVIL)
+    activity.set_model(EVIL, EVIL, {EVIL: {EVIL: {EVIL: 0.5}}})
     activity.on_decision(decision(EVIL, evidence=[EVIL], nodes=[EVIL], action="retry_elsewhere"))
     activity.on_dead_letter(DeadLetterNote(NOW, EVIL, "invalid_json", EVIL))
     activity.set_lag({(EVIL, 0): 3}, NOW)
@@ -68,8 +68,8 @@ def test_memory_is_bounded_and_old_minutes_leave_the_chart() -> None:
 
 def test_the_page_says_where_the_model_runs_also_once_its_announcement_comes_again() -> None:
     activity = Activity("lstm-1")
-    activity.set_model("lstm-1", None, "cuda")
-    activity.set_model("lstm-1", {"lstm-1": {"real": {"det_precision": 0.99}}})  # re-announced
+    activity.set_model("lstm-1", "cuda")
+    activity.set_scores({"lstm-1": {"real": {"det_precision": 0.99}}})  # announced again
     page = render_status_page(activity, READY, "w1", NOW)
     assert "Deciding with <b id=model-version>lstm-1</b> on <b id=model-device>cuda</b>." in page
     assert "det_precision 0.99" in page
