@@ -653,14 +653,14 @@ def wait_serving(worker: Worker, timeout_s: float) -> None:
 def poll_ingest(worker: Worker, lines: int, timeout_s: float, stall_s: float = 15.0,
                 settle: Callable[[], None] | None = None) -> dict[str, float]:
     """Lines/s from the worker's ``sibylla_log_lines_ingested_total``, from its first non-zero
-    reading once its model is in to the reading that reaches ``lines``; CPU from that first
-    reading until ``settle`` returns, called once they are all in (it waits for work they
-    caused after their count, e.g. saving windows before the next commit).
+    reading to the reading that reaches ``lines``; CPU from that first reading until
+    ``settle`` returns, called once they are all in (it waits for work they caused after
+    their count, e.g. saving windows before the next commit).
 
-    The model's load costs ~3 s of CPU, which would be charged to the lines were they taken
-    while it loads (docs/pipeline-bench.md, finding 12): :meth:`Bench.ingest` produces them
-    once the worker is serving. A worker that took every line before the first reading
-    measured nothing: that is an error, not a figure.
+    Call it on a worker already serving (:func:`wait_serving`): the model's load costs ~3 s
+    of CPU, which would be charged to the lines were they taken while it loads
+    (docs/pipeline-bench.md, finding 12). A worker that took every line before the first
+    reading measured nothing: that is an error, not a figure.
 
     A count that stops short of ``lines`` for ``stall_s`` means records were lost: the rate
     is then taken up to the last change and ``missing_lines`` says how many never arrived.
@@ -673,14 +673,13 @@ def poll_ingest(worker: Worker, lines: int, timeout_s: float, stall_s: float = 1
     while count < lines:
         worker.check_alive()
         if time.monotonic() > deadline and first_t is None:
-            raise RuntimeError(f"no line counted with the worker's model in, in {timeout_s} s")
+            raise RuntimeError(f"no line counted in {timeout_s} s")
         metrics = worker.metrics()
         count = metrics.get("sibylla_log_lines_ingested_total", 0.0)
         now = time.perf_counter()
         if count != last_count:
             last_count, changed_t = count, now
-        if (first_t is None and 0 < count < lines
-                and metrics.get("sibylla_model_info", 0.0) >= 1):
+        if first_t is None and 0 < count < lines:
             first_t, first_n, first_cpu = now, count, worker.cpu_s()
             started_s = time.time() - worker.spawned_at
         if first_t is not None and (now - changed_t > stall_s or time.monotonic() > deadline):
@@ -691,8 +690,8 @@ def poll_ingest(worker: Worker, lines: int, timeout_s: float, stall_s: float = 1
         # Every 100 ms it is ~2%, and the rate's end is known within 100 ms.
         time.sleep(POLL_S)
     if first_t is None or first_n is None:
-        raise RuntimeError(f"the worker ingested all {lines:,} lines before the first reading "
-                           "with its model in: nothing left to measure; make the phase longer")
+        raise RuntimeError(f"the worker ingested all {lines:,} lines before the first reading: "
+                           "nothing left to measure; make the phase longer")
     if settle is not None and count >= lines:
         settle()
     cpu = worker.cpu_s() - first_cpu
