@@ -27,14 +27,14 @@ from functools import cache
 from importlib import resources
 from typing import Any
 
-__all__ = ["Check", "ValidationFailure", "compile_schema", "glance_over_list", "load_schema",
-           "schema_check"]
+__all__ = ["ANNOTATIONS", "Check", "ValidationFailure", "compile_schema", "glance_over_list",
+           "load_schema", "schema_check"]
 
 Check = Callable[[Any], None]
 
 # Keywords that document or annotate and never reject a record.
-_ANNOTATIONS = frozenset({"$schema", "$id", "title", "description", "default"})
-_KNOWN = _ANNOTATIONS | {"type", "enum", "const", "minimum", "maximum", "minLength",
+ANNOTATIONS = frozenset({"$schema", "$id", "title", "description", "default"})
+_KNOWN = ANNOTATIONS | {"type", "enum", "const", "minimum", "maximum", "minLength",
                          "maxLength", "pattern", "items", "properties", "required"}
 
 _TYPE_NAMES = {"integer": "an integer", "number": "a number", "string": "a string",
@@ -223,7 +223,7 @@ class _Quick:
 
 def _quick(schema: Mapping[str, Any]) -> _Quick | None:
     """The :class:`_Quick` of a property's schema, or None when nothing is quick about it."""
-    keys = set(schema) - _ANNOTATIONS
+    keys = set(schema) - ANNOTATIONS
     if keys == {"enum"}:
         members = frozenset(m for m in schema["enum"] if type(m) is str)
         return _Quick(frozenset(), frozenset(), 0, 0, members, False, 0, 0) if members else None
@@ -281,7 +281,7 @@ def _glance_over_objects(schema: Mapping[str, Any]) -> Callable[[list[Any]], boo
     all entries instead of an entry at a time (the per-entry glance was ~1.7 us a line, two
     thirds of parsing a batched record).
     """
-    if set(schema) - _ANNOTATIONS - {"type", "required", "properties"} or \
+    if set(schema) - ANNOTATIONS - {"type", "required", "properties"} or \
             schema.get("type") != "object":
         return None
     quick: dict[str, _Quick | None] = {name: _quick(sub) for name, sub

@@ -30,6 +30,7 @@ from sibylla.schemas.records import (
     parse_log_records,
 )
 from sibylla.schemas.validate import compile_schema
+from tests.schemas.fixtures import broken_batch, schema_valid, shipped_batch
 
 MAX_LINE = 512
 
@@ -72,15 +73,6 @@ def _decoded(record: dict) -> tuple[bytes, dict]:
     return value, orjson.loads(value)
 
 
-def _schema_valid(record: dict) -> bool:
-    schema = LOGBATCH if "lines" in record else LOGLINE
-    try:
-        jsonschema.validate(record, schema)
-    except jsonschema.ValidationError:
-        return False
-    return True
-
-
 @settings(max_examples=400, deadline=None)
 @given(records)
 def test_log_parser_accepts_exactly_what_the_schema_accepts(record: dict) -> None:
@@ -97,7 +89,7 @@ def test_log_parser_accepts_exactly_what_the_schema_accepts(record: dict) -> Non
                     else [record["line"]])
         assert chunk.lines == expected
         assert chunk.job_id == record["job_id"]
-    assert accepted == _schema_valid(record)
+    assert accepted == schema_valid(record, LOGBATCH if "lines" in record else LOGLINE)
 
 
 @given(st.binary(max_size=64))
@@ -118,7 +110,8 @@ shipped_line = st.fixed_dictionaries(
 
 
 @settings(max_examples=300, deadline=None)
-@given(st.lists(st.one_of(shipped_line, records, st.binary(max_size=8)), max_size=8),
+@given(st.lists(st.one_of(shipped_line, shipped_batch, broken_batch(), records,
+                          st.binary(max_size=8)), max_size=8),
        st.booleans())
 def test_records_parsed_together_come_out_as_parsed_one_by_one(
         batch: list[dict | bytes], mapped: bool) -> None:
