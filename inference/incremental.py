@@ -37,16 +37,17 @@ class IncrementalFeatures:
     def feed(self, lines: Iterable[str], now: float = 0.0) -> None:
         """Append lines in the order printed (the window's limits apply as in the stream)."""
         window, first = self.window, self.window.first_error
-        prepared_tail, prepared_first = self._tail, self._first
-        for line in lines:
-            window.extend((line,), now)
-            # the line as kept (a huge one keeps its end)
-            prepared = prepare_line(window.last_line)
-            prepared_tail.append(prepared)
-            if len(first) > len(prepared_first):  # the line joined the first error block
-                prepared_first.append(prepared)
-            while len(prepared_tail) > window.tail_len:
-                prepared_tail.popleft()
+        lines = list(lines)
+        in_block = len(first)
+        window.extend(lines, now)
+        # the new lines the tail keeps, as kept (a huge one keeps its end)
+        kept = window.lines(max(window.tail_len - len(lines), 0))
+        prepared_tail = self._tail
+        prepared_tail.extend(map(prepare_line, kept))
+        while len(prepared_tail) > window.tail_len:
+            prepared_tail.popleft()
+        # the lines that joined the first error block (the tail may not keep them all)
+        self._first.extend(map(prepare_line, first[in_block:]))
 
     def log_window(self, job_id: str = "", attempt: int = 0) -> LogWindow:
         return self.window.to_log_window(job_id, attempt)

@@ -496,6 +496,9 @@ class Pipeline:
         partition = events[0].message.partition
         now = time.time()
         touched: dict[str, Any] = {}
+        # Each window's lines of the batch, appended at once after it: a window takes many
+        # lines for the cost of a few (window.py), the lines of one-line records too.
+        arrived: dict[str, list[str]] = {}
         decided_in_batch: dict[str, bool] = {}
         ended: list[tuple[str, int]] = []
         lines = nbytes = records = late = 0
@@ -523,14 +526,18 @@ class Pipeline:
             if msg.offset <= window.last_offset:
                 continue  # replayed after a crash: already in the window
             window.last_offset = msg.offset
-            window.extend(chunk.lines, now)
+            if key in touched:
+                arrived[key] += chunk.lines
+            else:
+                touched[key], arrived[key] = window, list(chunk.lines)
             if chunk.eos and not window.eos:
                 window.eos = True
                 ended.append((chunk.job_id, chunk.attempt))
-            touched[key] = window
             lines += len(chunk.lines)
             nbytes += len(msg.value)
             records += 1
+        for key, window in touched.items():
+            window.extend(arrived[key], now)
         # Every table write below goes to this partition's changelogs.
         self.in_partition(partition)
         for key, window in touched.items():  # their lines, a segment's worth at a time

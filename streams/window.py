@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import threading
 from array import array
-from collections.abc import Iterable
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import zstandard
@@ -68,6 +68,15 @@ DEFAULT_LIMITS = WindowLimits.of(Settings())
 def _size(line: str) -> int:
     # UTF-8 byte length; ASCII (nearly every log line) avoids the encode.
     return len(line) if line.isascii() else len(line.encode())
+
+
+def _within(line: str, max_bytes: int) -> str:
+    """``line``, or its end when it is larger than a whole window: cut in bytes, not
+    characters (cut by characters, a line of multi-byte characters stayed over the limit and
+    was then evicted whole)."""
+    if _size(line) <= max_bytes:
+        return line
+    return line.encode()[-max_bytes:].decode("utf-8", "ignore")
 
 
 # A compressed block: the lines' UTF-8 bytes back to back, compressed, and each line's size.
@@ -175,47 +184,80 @@ class TailWindow:
                 return out
         return out + self._open[max(0, lo - at):hi - at]
 
-    def extend(self, lines: Iterable[str], now: float) -> None:
-        """Append lines in the order printed, evicting the oldest beyond the limits."""
-        limits = self.limits
-        max_lines, max_bytes = limits.max_lines, limits.max_bytes
-        fe_max = limits.first_error_max_lines
-        open_, blocks = self._open, self._blocks
-        size, length = self.tail_bytes, self.tail_len
-        count = 0
-        for line in lines:
-            count += 1
-            n = _size(line)
-            if n > max_bytes:  # a single line larger than the window keeps its end
-                # cut in bytes, not characters: cut by characters, a line of multi-byte
-                # characters stayed over the limit and was then evicted whole
-                line = line.encode()[-max_bytes:].decode("utf-8", "ignore")
-                n = _size(line)
-            open_.append(line)
-            size += n
-            length += 1
-            if self.fe_state != _FE_CLOSED:
-                if self.fe_state == _FE_OPEN:
-                    self.first_error.append(line)
-                    if len(self.first_error) >= fe_max:
-                        self.fe_state = _FE_CLOSED
-                elif is_error_start(line):
-                    self.first_error.append(line)
-                    self.fe_state = _FE_OPEN if fe_max > 1 else _FE_CLOSED
-            while length > max_lines or size > max_bytes:  # evict the oldest line
-                length -= 1
-                if blocks:
-                    sizes = blocks[0][1]
-                    size -= sizes[self._skip]
-                    self._skip += 1
-                    if self._skip == len(sizes):
-                        del blocks[0]
-                        self._skip = 0
-                else:
-                    size -= _size(open_.pop(0))
-        self.tail_bytes, self.tail_len = size, length
-        self.line_count += count
+    def extend(self, lines: Sequence[str], now: float) -> None:
+        """Append lines in the order printed, evicting the oldest beyond the limits.
+
+        The lines are taken together: appended, screened for the first error block, and
+        then the oldest beyond the limits evicted at once. The tail is the one a line at a
+        time would keep, the longest suffix within the limits (a line evicted while later
+        ones came in would not fit beside all of them either), and a LogBatch's hundreds of
+        lines cost a few passes in C rather than a loop step each in Python (the agents
+        hand a window all its lines of a batch at once, one-line records too)."""
+        if not lines:
+            self.last_seen = now
+            return
+        max_bytes = self.limits.max_bytes
+        if all(map(str.isascii, lines)) and max(map(len, lines)) <= max_bytes:
+            added = sum(map(len, lines))  # ASCII: a character is a byte
+        else:
+            lines = [_within(line, max_bytes) for line in lines]
+            added = sum(map(_size, lines))
+        self._open.extend(lines)
+        if self.fe_state != _FE_CLOSED:
+            self._note_first_error(lines)
+        self.tail_bytes += added
+        self.tail_len += len(lines)
+        self.line_count += len(lines)
         self.last_seen = now
+        if self.tail_len > self.limits.max_lines or self.tail_bytes > max_bytes:
+            self._evict()
+
+    def _note_first_error(self, lines: Sequence[str]) -> None:
+        """Add to the first error block what ``lines`` hold of it: from the first line that
+        opens an error report while none has, until the block is full."""
+        fe_max, block = self.limits.first_error_max_lines, self.first_error
+        at = 0
+        if self.fe_state == _FE_NONE:
+            for at, line in enumerate(lines):  # noqa: B007 - at: where the block opens
+                if is_error_start(line):
+                    break
+            else:
+                return
+            self.fe_state = _FE_OPEN
+        block.extend(lines[at:at + fe_max - len(block)])
+        if len(block) >= fe_max:
+            self.fe_state = _FE_CLOSED
+
+    def _evict(self) -> None:
+        """Drop the oldest lines of the tail until it is within the limits: whole blocks, or
+        a block's first lines, by count (their sizes summed in C), then one line at a time
+        while the bytes are still over."""
+        max_lines, max_bytes = self.limits.max_lines, self.limits.max_bytes
+        blocks, open_ = self._blocks, self._open
+        size, length, skip = self.tail_bytes, self.tail_len, self._skip
+        while blocks and (length > max_lines or size > max_bytes):
+            sizes = blocks[0][1]
+            drop = min(max(length - max_lines, 0), len(sizes) - skip)
+            if drop:
+                size -= sum(sizes[skip:skip + drop]) if drop > 1 else sizes[skip]
+                length -= drop
+                skip += drop
+            while size > max_bytes and skip < len(sizes):
+                size -= sizes[skip]
+                length -= 1
+                skip += 1
+            if skip == len(sizes):
+                del blocks[0]
+                skip = 0
+        drop = max(length - max_lines, 0)
+        if drop:
+            size -= sum(map(_size, open_[:drop]))
+        while size > max_bytes:  # each line is within max_bytes: one at least stays
+            size -= _size(open_[drop])
+            drop += 1
+        if drop:
+            del open_[:drop]
+        self.tail_bytes, self.tail_len, self._skip = size, length - drop, skip
 
     def compact(self) -> None:
         """Compress the open lines up to the last multiple of ``limits.block_lines`` among the

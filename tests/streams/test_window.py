@@ -40,6 +40,55 @@ def test_window_stays_within_its_limits_and_keeps_the_latest_lines(limits, chunk
                    for i, line in enumerate(tail))
 
 
+ERRORISH = st.sampled_from(["Traceback (most recent call last):", "RuntimeError: CUDA error",
+                            "NCCL WARN Connection closed", "é" * 90, "x" * 300, ""])
+
+
+@settings(max_examples=300, deadline=None)
+@given(limits=st.builds(WindowLimits, max_lines=st.integers(1, 40),
+                        max_bytes=st.integers(64, 2048),
+                        first_error_max_lines=st.integers(0, 6),
+                        block_lines=st.sampled_from([2, 4, 8])),
+       chunks=st.lists(st.lists(st.one_of(LINES.map(lambda ls: ls[0] if ls else "a"),
+                                          ERRORISH), max_size=40), max_size=6),
+       compact_after=st.lists(st.booleans(), min_size=6, max_size=6))
+def test_lines_taken_together_leave_the_window_lines_taken_one_by_one_leave(
+        limits, chunks, compact_after) -> None:
+    """The stream hands a window all its lines of a batch at once: the tail, the first error
+    block and the counts must be those of the same lines appended one at a time."""
+    together, one_by_one = TailWindow(limits), TailWindow(limits)
+    printed: list[str] = []
+    for chunk, compact in zip(chunks, compact_after, strict=False):
+        together.extend(chunk, now=2.0)
+        printed.extend(chunk)
+        for line in chunk:
+            one_by_one.extend([line], now=2.0)
+        if compact:  # older lines in compressed blocks, evicted from them next time
+            together.compact()
+            one_by_one.compact()
+        assert together.tail == one_by_one.tail
+        assert together.first_error == one_by_one.first_error
+        assert (together.line_count, together.tail_len, together.tail_bytes) == (
+            one_by_one.line_count, one_by_one.tail_len, one_by_one.tail_bytes)
+        assert together.tail_bytes == _utf8(together.tail)
+        assert together.tail == _longest_suffix_within(printed, limits)
+
+
+def _longest_suffix_within(printed: list[str], limits: WindowLimits) -> list[str]:
+    """What a tail must hold: the most recent lines (each larger than the window cut to its
+    last ``max_bytes`` bytes) that fit the limits together."""
+    kept: list[str] = []
+    size = 0
+    for line in reversed(printed):
+        if len(line.encode()) > limits.max_bytes:
+            line = line.encode()[-limits.max_bytes:].decode("utf-8", "ignore")
+        if len(kept) == limits.max_lines or size + len(line.encode()) > limits.max_bytes:
+            break
+        kept.append(line)
+        size += len(line.encode())
+    return kept[::-1]
+
+
 def test_the_first_error_block_survives_teardown_noise() -> None:
     limits = WindowLimits(max_lines=5, max_bytes=10_000, first_error_max_lines=3)
     window = TailWindow(limits)
