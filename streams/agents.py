@@ -155,6 +155,20 @@ def _may_end_log(event: Any) -> bool:
     return value is not None and b'"eos"' in value
 
 
+def _append_arrived(windows: Mapping[str, TailWindow],
+                    arrived: dict[str, tuple[list[str], int]], now: float) -> None:
+    """Append each window's gathered lines and move its ``last_offset`` to the record they
+    last came in, then forget them. Called before the ingest agent awaits anything, as well
+    as at the end of its batch: a commit may save the windows whenever the agent awaits, and
+    a window saved with a record's offset but without its lines would skip that record as
+    already in when a restart replays it (``bench/chaos.py`` found it)."""
+    for key, (lines, offset) in arrived.items():
+        window = windows[key]
+        window.extend(lines, now)
+        window.last_offset = offset
+    arrived.clear()
+
+
 class Pipeline:
     """Registers the agents, timers and pages of a worker on a :class:`Topology`."""
 
@@ -496,9 +510,10 @@ class Pipeline:
         partition = events[0].message.partition
         now = time.time()
         touched: dict[str, Any] = {}
-        # Each window's lines of the batch, appended at once after it: a window takes many
-        # lines for the cost of a few (window.py), the lines of one-line records too.
-        arrived: dict[str, list[str]] = {}
+        # Each window's lines of the batch (and the offset of the last record they came in),
+        # appended together: a window takes many lines for the cost of a few (window.py),
+        # the lines of one-line records too.
+        arrived: dict[str, tuple[list[str], int]] = {}
         decided_in_batch: dict[str, bool] = {}
         ended: list[tuple[str, int]] = []
         lines = nbytes = records = late = 0
@@ -506,11 +521,13 @@ class Pipeline:
         for event, chunk in zip(events, self._parse_logs(events), strict=True):
             msg = event.message
             if isinstance(chunk, Exception):  # every failure is dead-lettered
+                _append_arrived(touched, arrived, now)
                 await self._reject(event, chunk, "ingest")
                 continue
             if msg.key != chunk.job_id.encode():
                 # Keyed otherwise, it sits on a partition that may not hold the job's window:
                 # re-publish it under its job_id rather than lose or misfile it.
+                _append_arrived(touched, arrived, now)
                 self._sent[(msg.topic, partition)].append(await self.t.logs.send(
                     key=chunk.job_id.encode(), value=msg.value, force=True))
                 m.rekeyed.inc()
@@ -525,19 +542,20 @@ class Pipeline:
             window = cache.get_or_create(partition, key)
             if msg.offset <= window.last_offset:
                 continue  # replayed after a crash: already in the window
-            window.last_offset = msg.offset
-            if key in touched:
-                arrived[key] += chunk.lines
+            gathered = arrived.get(key)
+            if gathered is None:
+                arrived[key] = (list(chunk.lines), msg.offset)
             else:
-                touched[key], arrived[key] = window, list(chunk.lines)
+                gathered[0].extend(chunk.lines)
+                arrived[key] = (gathered[0], msg.offset)
+            touched[key] = window
             if chunk.eos and not window.eos:
                 window.eos = True
                 ended.append((chunk.job_id, chunk.attempt))
             lines += len(chunk.lines)
             nbytes += len(msg.value)
             records += 1
-        for key, window in touched.items():
-            window.extend(arrived[key], now)
+        _append_arrived(touched, arrived, now)
         # Every table write below goes to this partition's changelogs.
         self.in_partition(partition)
         for key, window in touched.items():  # their lines, a segment's worth at a time
