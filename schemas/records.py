@@ -224,33 +224,33 @@ def parse_log_records(
     record never takes the others down.
 
     LogBatch records are decoded by the schema's msgspec decoder when it accepts them
-    (:func:`_fast_batches`). One-line records (the LogLines that syslog-ng, rsyslog and Fluent
+    (:func:`_fast_batch`). One-line records (the LogLines that syslog-ng, rsyslog and Fluent
     Bit ship) are checked together, a field at a time across the records
     (:func:`~.validate.glance_over_list`): checked one by one, each cost ~1.4 us beside ~1.8
     us of JSON decoding. When the glance is not sure of every one, each is checked alone, as
     ``parse_log_record`` does.
     """
-    fast = _fast_batches(values, max_line_bytes) if field_map is None else {}
-    decoded: dict[int, dict[str, Any] | Exception] = {}
-    for i, value in enumerate(values):
-        if i in fast:
+    decoded: list[LogChunk | dict[str, Any] | Exception] = []
+    for value in values:
+        chunk = _fast_batch(value, max_line_bytes) if field_map is None else None
+        if chunk is not None:
+            decoded.append(chunk)
             continue
         try:
             record = load_json_object(value)
             if field_map is not None:
                 field_map.apply(record)
-            decoded[i] = record
+            decoded.append(record)
         except Exception as exc:  # noqa: BLE001 - the caller dead-letters it
-            decoded[i] = exc
-    one_line = [r for r in decoded.values() if isinstance(r, dict) and _is_logline(r)]
+            decoded.append(exc)
+    one_line = [r for r in decoded if isinstance(r, dict) and _is_logline(r)]
     try:
         checked = bool(one_line) and _all_loglines_valid(one_line, max_line_bytes)
     except Exception:  # noqa: BLE001 - a glance that fails decides nothing
         checked = False
     out: list[LogChunk | Exception] = []
-    for i in range(len(values)):
-        item = fast[i] if i in fast else decoded[i]
-        if isinstance(item, LogChunk | Exception):
+    for item in decoded:
+        if not isinstance(item, dict):  # a chunk already, or the record's error
             out.append(item)
             continue
         try:
@@ -265,23 +265,21 @@ _LOGBATCH_DECODER = fast_decoder("logbatch.schema.json")
 _LINE_ATTR = operator.attrgetter("line")
 
 
-def _fast_batches(values: Sequence[bytes | None], max_line_bytes: int) -> dict[int, LogChunk]:
-    """The chunks of the LogBatch records among ``values`` that the schema's msgspec decoder
-    accepts (schemas/decode.py), by index: most of a batched line's parsing cost, in C. A
-    record it refuses, or that holds a line too long, is left to the general path, which
-    says why it is rejected, or accepts what msgspec is stricter on (``"attempt": 2.0``)."""
-    out: dict[int, LogChunk] = {}
-    for i, value in enumerate(values):
-        if value is None or b'"lines"' not in value:
-            continue  # a LogLine, an end-of-stream marker, a tombstone
-        try:
-            batch = _LOGBATCH_DECODER.decode(value)
-            lines = _lines_within(list(map(_LINE_ATTR, batch.lines)), max_line_bytes, "")
-        except Exception:  # noqa: BLE001 - the general path decides it, and says why
-            continue
-        attempt = 0 if batch.attempt is msgspec.UNSET else batch.attempt
-        out[i] = LogChunk(batch.job_id, attempt, lines, batch.eos is True)
-    return out
+def _fast_batch(value: bytes | None, max_line_bytes: int) -> LogChunk | None:
+    """The chunk of a LogBatch record that the schema's msgspec decoder accepts
+    (schemas/decode.py): most of a batched line's parsing cost, in C. None for any other
+    record, and for one the decoder refuses or that holds a line too long: the general path
+    then says why it is rejected, or accepts what msgspec is stricter on (``"attempt":
+    2.0``)."""
+    if value is None or b'"lines"' not in value:
+        return None  # a LogLine, an end-of-stream marker, a tombstone
+    try:
+        batch = _LOGBATCH_DECODER.decode(value)
+        lines = _lines_within(list(map(_LINE_ATTR, batch.lines)), max_line_bytes, "")
+    except Exception:  # noqa: BLE001 - the general path decides it, and says why
+        return None
+    attempt = 0 if batch.attempt is msgspec.UNSET else batch.attempt
+    return LogChunk(batch.job_id, attempt, lines, batch.eos is True)
 
 
 def _is_logline(record: dict[str, Any]) -> bool:
