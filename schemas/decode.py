@@ -9,10 +9,12 @@ structs while checking types, bounds and lengths, at a fraction of that cost
 The struct types are generated from the schema file, so validity keeps one definition, and
 only for the keywords whose meaning msgspec shares exactly (``type``, ``enum`` of strings,
 ``minimum``, ``maximum``, ``minLength``, ``maxLength``, ``items``, ``properties``,
-``required``); a schema using any other keyword gets no decoder. A decoder may be stricter
-than the schema, never more lenient: JSON Schema counts ``2.0`` as an integer and msgspec does
-not. A caller therefore treats a decoder's refusal as "not sure", and decides that record with
-the compiled check, which also says where it breaks the rules.
+``required``). A schema using any other keyword raises :class:`Unsupported` when its decoder
+is built (at import, for the worker's): like the compiled checks of :mod:`.validate`, a
+decoder must not half enforce a schema. A decoder may be stricter than the schema, never more
+lenient: JSON Schema counts ``2.0`` as an integer and msgspec does not. A caller therefore
+treats a decoder's refusal as "not sure", and decides that record with the compiled check,
+which also says where it breaks the rules.
 """
 
 from __future__ import annotations
@@ -117,4 +119,5 @@ def fast_decoder(schema_file: str) -> msgspec.json.Decoder[Any]:
     """The decoder of a schema file's records (e.g. ``logbatch.schema.json``). Its ``decode``
     raises ``msgspec.DecodeError`` (``ValidationError`` is one) for any record it does not
     accept."""
-    return msgspec.json.Decoder(msgspec_type(load_schema(schema_file), "LogRecord"))
+    schema = load_schema(schema_file)
+    return msgspec.json.Decoder(msgspec_type(schema, schema.get("title", "Record")))
