@@ -238,10 +238,9 @@ class TailWindow:
         while blocks and (length > max_lines or size > max_bytes):
             sizes = blocks[0][1]
             drop = min(max(length - max_lines, 0), len(sizes) - skip)
-            if drop:
-                size -= sum(sizes[skip:skip + drop]) if drop > 1 else sizes[skip]
-                length -= drop
-                skip += drop
+            size -= sum(sizes[skip:skip + drop])
+            length -= drop
+            skip += drop
             while size > max_bytes and skip < len(sizes):
                 size -= sizes[skip]
                 length -= 1
@@ -250,13 +249,11 @@ class TailWindow:
                 del blocks[0]
                 skip = 0
         drop = max(length - max_lines, 0)
-        if drop:
-            size -= sum(map(_size, open_[:drop]))
+        size -= sum(map(_size, open_[:drop]))
         while size > max_bytes:  # each line is within max_bytes: one at least stays
             size -= _size(open_[drop])
             drop += 1
-        if drop:
-            del open_[:drop]
+        del open_[:drop]
         self.tail_bytes, self.tail_len, self._skip = size, length - drop, skip
 
     def compact(self) -> None:
