@@ -37,11 +37,11 @@ class IncrementalFeatures:
     def feed(self, lines: Iterable[str], now: float = 0.0) -> None:
         """Append lines in the order printed (the window's limits apply as in the stream)."""
         window, first = self.window, self.window.first_error
-        lines = list(lines)
+        printed = list(lines)
         in_block = len(first)
-        window.extend(lines, now)
+        window.extend(printed, now)
         # the new lines the tail keeps, as kept (a huge one keeps its end)
-        kept = window.lines(max(window.tail_len - len(lines), 0))
+        kept = window.lines(max(window.tail_len - len(printed), 0))
         prepared_tail = self._tail
         prepared_tail.extend(map(prepare_line, kept))
         while len(prepared_tail) > window.tail_len:

@@ -509,7 +509,7 @@ class Pipeline:
         decided, pending = self.t.decided, self.t.pending
         partition = events[0].message.partition
         now = time.time()
-        touched: dict[str, Any] = {}
+        touched: dict[str, TailWindow] = {}
         # Each window's lines of the batch (and the offset of the last record they came in),
         # appended together: a window takes many lines for the cost of a few (window.py),
         # the lines of one-line records too.
