@@ -224,9 +224,13 @@ class Bench:
             measured = poll_ingest(worker, lines, timeout_s=180,
                                    settle=lambda: asyncio.run(wait_committed(settings, topic)))
         bare = asyncio.run(bare_consume(settings, topic, lines, timeout_s=120))
-        # Window writes to the changelog: each is a whole serialized window, so records per
-        # ingested message tell how much the worker writes for what it reads.
+        # Window writes to the changelogs, per ingested message: the headers (one per window
+        # per commit) and the chunk segments with the tombstones of those that left the tail
+        # (window_store.py). Each record costs faust's table path and a produce, the largest
+        # part of a batched line's CPU (docs/pipeline-bench.md, finding 26).
         changelog = asyncio.run(topic_records(settings, changelog_topic(settings, "windows")))
+        chunks = asyncio.run(topic_records(settings,
+                                           changelog_topic(settings, "window-chunks")))
         out = {"messages": messages, "lines": lines, "produce_s": round(produce_s, 2),
                "bare": rounded(bare), "worker": rounded(measured),
                "ratio": round(measured["lines_per_s"] / bare["lines_per_s"], 3),
@@ -235,7 +239,9 @@ class Bench:
                "cpu_ratio": round(bare["cpu_us_per_line"]
                                   / max(measured["worker_cpu_us_per_line"], 1e-9), 3),
                "window_changelog_records": changelog,
-               "window_changelog_records_per_message": round(changelog / messages, 3)}
+               "window_changelog_records_per_message": round(changelog / messages, 3),
+               "chunk_changelog_records": chunks,
+               "chunk_changelog_records_per_message": round(chunks / messages, 3)}
         print(f"  {kind}: worker {measured['lines_per_s']:,.0f} lines/s, bare "
               f"{bare['lines_per_s']:,.0f} lines/s, ratio {out['ratio']:.2f}; CPU per line "
               f"{measured['worker_cpu_us_per_line']:.1f} µs vs {bare['cpu_us_per_line']:.1f} µs"
