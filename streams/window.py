@@ -160,13 +160,6 @@ class TailWindow:
         """The tail's lines, oldest first (decompressed: a copy)."""
         return self.lines(0)
 
-    @property
-    def last_line(self) -> str:
-        """The newest line of the tail; the window must not be empty."""
-        if self._open:
-            return self._open[-1]
-        return decompress(self._blocks[-1])[-1]
-
     def lines(self, lo: int, hi: int | None = None) -> list[str]:
         """Tail lines ``lo`` to ``hi`` (positions in the tail, oldest 0), decompressing only
         the blocks that hold them."""
