@@ -540,9 +540,11 @@ class Pipeline:
                 late += len(chunk.lines)
                 continue
             window = cache.get_or_create(partition, key)
-            if msg.offset <= window.last_offset:
-                continue  # replayed after a crash: already in the window
             gathered = arrived.get(key)
+            # Replayed after a crash, or again within this batch after a seek: already in
+            # the window, or among the lines gathered for it (their offset is the newer).
+            if msg.offset <= (window.last_offset if gathered is None else gathered[1]):
+                continue
             if gathered is None:
                 arrived[key] = (list(chunk.lines), msg.offset)
             else:
