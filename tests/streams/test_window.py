@@ -148,6 +148,8 @@ def test_any_stretch_of_the_tail_reads_back_as_kept(limits, chunks, lo, width,
     assert tail == reference.tail
     assert len(tail) == window.tail_len
     assert window.lines(lo, lo + width) == tail[lo:lo + width]
+    if tail:  # the newest line, from the open lines or the newest compressed block
+        assert window.lines(window.tail_len - 1) == [tail[-1]]
 
 
 def test_a_window_holds_its_text_in_a_fraction_of_the_texts_size() -> None:
