@@ -35,7 +35,7 @@ Check = Callable[[Any], None]
 # Keywords that document or annotate and never reject a record.
 ANNOTATIONS = frozenset({"$schema", "$id", "title", "description", "default"})
 _KNOWN = ANNOTATIONS | {"type", "enum", "const", "minimum", "maximum", "minLength",
-                         "maxLength", "pattern", "items", "properties", "required"}
+                        "maxLength", "pattern", "items", "properties", "required"}
 
 _TYPE_NAMES = {"integer": "an integer", "number": "a number", "string": "a string",
                "boolean": "a boolean", "array": "a list", "object": "an object",
