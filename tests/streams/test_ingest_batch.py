@@ -22,10 +22,26 @@ def _event(offset: int, key: bytes, value: bytes) -> SimpleNamespace:
         topic="sibylla.logs", partition=0, offset=offset, key=key, value=value))
 
 
-async def test_a_window_holds_every_line_up_to_its_offset_whenever_ingest_awaits(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def _pipeline(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Any:
+    """A worker's pipeline on the memory store whose ingest batches are taken as they are
+    (no gap refetch) and finish at once (no broker to wait for)."""
     settings = Settings.from_env({}, store="memory", data_dir=str(tmp_path))
     pipeline: Any = build_worker(settings, SimpleNamespace(version="v0", predict=list))
+
+    async def as_they_are(events: Any) -> Any:
+        return events
+
+    async def nothing(events: Any) -> None:
+        return None
+
+    monkeypatch.setattr(pipeline, "_with_missing", as_they_are)
+    monkeypatch.setattr(pipeline, "_finished", nothing)
+    return pipeline
+
+
+async def test_a_window_holds_every_line_up_to_its_offset_whenever_ingest_awaits(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    pipeline = _pipeline(tmp_path, monkeypatch)
     key = attempt_key("job-a", 0)
     at_await: list[tuple[int, list[str]]] = []
 
@@ -34,15 +50,7 @@ async def test_a_window_holds_every_line_up_to_its_offset_whenever_ingest_awaits
         window = pipeline.cache.get_or_create(0, key)
         at_await.append((window.last_offset, window.tail))
 
-    async def as_they_are(events: Any) -> Any:
-        return events
-
-    async def nothing(events: Any) -> None:
-        return None
-
     monkeypatch.setattr(pipeline, "_reject", reject)
-    monkeypatch.setattr(pipeline, "_with_missing", as_they_are)
-    monkeypatch.setattr(pipeline, "_finished", nothing)
     batch = orjson.dumps({"job_id": "job-a", "lines": [{"line": "epoch 1"}, {"line": "epoch 2"}]})
     line = orjson.dumps({"job_id": "job-a", "line": "epoch 3"})
     await pipeline._ingest_batch([
@@ -59,17 +67,7 @@ async def test_a_record_delivered_twice_in_one_batch_reaches_its_window_once(
     # faust's fetch loop may go back within a batch after a seek (gaps.with_missing keeps
     # such replays): the second copy of a record must count as already in, as it did when
     # each record moved the window's offset at once.
-    settings = Settings.from_env({}, store="memory", data_dir=str(tmp_path))
-    pipeline: Any = build_worker(settings, SimpleNamespace(version="v0", predict=list))
-
-    async def as_they_are(events: Any) -> Any:
-        return events
-
-    async def nothing(events: Any) -> None:
-        return None
-
-    monkeypatch.setattr(pipeline, "_with_missing", as_they_are)
-    monkeypatch.setattr(pipeline, "_finished", nothing)
+    pipeline = _pipeline(tmp_path, monkeypatch)
     first = orjson.dumps({"job_id": "job-a", "line": "epoch 1"})
     second = orjson.dumps({"job_id": "job-a", "line": "epoch 2"})
     await pipeline._ingest_batch([
