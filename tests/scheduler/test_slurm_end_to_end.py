@@ -702,9 +702,10 @@ def test_a_heterogeneous_job_gets_one_decision_which_requeues_all_of_it(
     outcomes = [actuator.apply(_retry(job_id))["outcome"]
                 for job_id in (component, leader)]  # one published by another shipper, too
     assert outcomes == ["skipped", "applied"]
-    # Both components requeued. When a requeued heterogeneous job starts again is slurmctld's
-    # affair: on this cluster it sometimes stayed PENDING (Reason=None) for minutes, so it is
-    # cancelled rather than left to run into the next test's epilog.
+    # Both components requeued. Only Slurm's backfill starts a heterogeneous job, and it skips
+    # its cycles while nothing changes: on this quiet cluster the job sometimes stayed PENDING
+    # (Reason=None) for minutes (README), so it is cancelled rather than left to run into the
+    # next test's epilog.
     try:
         for job_id in (leader, component):
             cluster.wait_job(job_id, lambda j: j["Restarts"] == "1", 30.0)
