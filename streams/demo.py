@@ -50,10 +50,9 @@ __all__ = ["isolated", "pick_demo_jobs", "run_demo", "silent_retries"]
 DEMO_CORPUS = HELD_OUT_FILE
 # The online-learning loop on a demo's scale: one fine-tune on the handful of labels the
 # retries make (every 5th is held back for the gate, as in production), gentle enough for a
-# handful (2 epochs at 3e-4: the default recipe, sized for hundreds of labels, can cost a
-# held-out real log on five and be refused; so could 1e-3 with the model trained on file n,
-# which moved a log decided at 0.913 below its threshold 0.88 for two trainer seeds of six),
-# no trainer metrics port (the demo may run beside a real trainer).
+# handful (2 epochs at 3e-4: a larger step moves logs the handful says nothing about, and one
+# near the threshold then falls below it and the gate refuses the candidate;
+# docs/online_learning.md), no trainer metrics port (the demo may run beside a real trainer).
 DEMO_ONLINE = OnlineSettings(finetune_every=1, finetune_epochs=2, finetune_lr=3e-4,
                              trainer_metrics_port=0)
 T = TypeVar("T")
