@@ -15,7 +15,7 @@ with 30 % of those at most 0.9 sure (the worker's ``explores`` rule); the previo
 recipe; 10 % and 30 % of outcome votes wrong; and a burst of operator labels, all wrong, right
 after the drift (the gate must refuse what it produces).
 
-    python bench/bench_drift.py            # 8 scenarios x 6 streams, ~8 minutes on 2 cores
+    python bench/bench_drift.py            # 8 scenarios x 6 streams, ~5 minutes on 2 cores
 
 writes ``docs/img/drift_accuracy.png``, ``bench/results/drift.md`` and ``bench/results/
 drift.json``, and prints the table.

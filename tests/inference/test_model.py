@@ -92,6 +92,25 @@ def test_fine_tuning_works_on_a_copy_and_names_its_parent(tiny: Checkpoint) -> N
     assert tuned.meta["version"] != tiny.meta["version"]
 
 
+def test_a_fine_tune_never_lowers_its_parents_threshold(tiny: Checkpoint) -> None:
+    """The threshold was chosen on real logs of unseen projects: a fine-tune's validation
+    slice (here 20-odd logs) may raise it, never lower it."""
+    from sibylla.inference.synthetic import generate
+    from sibylla.inference.train import examples_from_records
+
+    parent = Checkpoint(tiny.model, tiny.vocab, {**tiny.meta, "threshold": 0.93})
+    tuned = train_model(examples_from_records(generate(160, seed=5)), TINY, init_from=parent)
+    assert tuned.meta["n_val"] >= 20
+    assert tuned.meta["threshold"] >= 0.93
+
+
+def test_a_threshold_floor_is_kept_or_raised_never_rounded_up() -> None:
+    p_det, labels = [0.95, 0.9, 0.895], [0, 0, 1]
+    assert choose_threshold(p_det, labels, 0.99, floor=0.88) == 0.9  # 0.895 wrong: rises
+    assert choose_threshold(p_det[:2], labels[:2], 0.99, floor=0.88) == 0.88
+    assert choose_threshold([0.999, 0.6], [0, 1], 0.99, floor=0.995) == 0.995
+
+
 def test_plain_tuples_and_examples_are_accepted() -> None:
     assert Example(*("log", "deterministic", "syntax_error")).source == ""
 
