@@ -105,34 +105,56 @@ def _softmax2(logits: Sequence[float], temperature: float) -> tuple[float, float
 _EXCEPTION_LINE = re.compile(
     r"^(?:\[[^\]]*\]:?\s*|\w+:\s+)?(?:[\w.]+\.)?[A-Z]\w*(?:Error|Exception|Exit|Interrupt)\b"
     r"|\b[A-Z]\w*(?:Error|Exception)(?::\s|$)")
+# Failures stated without an exception: a glog-style line at level E or F (Caffe's
+# ``F0601 10:27:47.313387 4577 math_functions.cpp:91] Check failed``, TensorFlow's
+# ``2018-05-09 09:37:18.401486: E tensorflow/.../cuda_event.cc:49]``, torch elastic's
+# ``E0325 20:57:27.620000 2606 .../api.py:869] failed (exitcode: -9)``, torch's C++
+# ``[E421 02:05:38.764490322 ProcessGroupGloo.cpp:143]`` and ``[E ProcessGroupNCCL.cpp:341]``),
+# and a loss gone NaN.
+_LOGGED_FAILURE = re.compile(
+    r"(?:^|[\[\s:])[EF]\d{3,4} \d\d:\d\d:\d\d\.\d+(?:\s+\d+)? [^\]\s]+:\d+\]"
+    r"|\[[EF] [^\]\s]+:\d+\]"
+    r"|\d\d:\d\d:\d\d\.\d+: [EF] [^\]\s]+:\d+\]"
+    r"|(?i:\bloss\w*\s*(?:[:=]|is)\s*nan\b)")
 _NOT_A_CAUSE = re.compile(r"^(?:Traceback \(most recent|File \"|from \S+ import |import \S|"
                           r"During handling of|The above exception)")
 
 
 def _root_line(lines: Sequence[Line]) -> int | None:
-    """Index of the first line that states the failure: the first exception line, else the
-    first error-opening line that is not a traceback's header (see :data:`ERROR_START`)."""
+    """Index of the first line that states the failure: the first exception or logged failure
+    (:data:`_LOGGED_FAILURE`), else the first error-opening line that is not a traceback's
+    header (see :data:`ERROR_START`)."""
     fallback = None
     for i, line in enumerate(lines):
         text = line.shown
         if not text or _NOT_A_CAUSE.match(text):
             continue
-        if _EXCEPTION_LINE.search(text):
+        if _EXCEPTION_LINE.search(text) or _LOGGED_FAILURE.search(text):
             return i
         if fallback is None and is_error_start(text):
             fallback = i
     return fallback
 
 
+def _is_frame_source(text: str, previous: str) -> bool:
+    """A traceback's source line (the code under a ``File "..."`` frame), which shows where a
+    failure passed, not what it was; a ``raise`` or ``assert`` line may be the cause."""
+    return (previous.startswith('File "') and not _EXCEPTION_LINE.search(text)
+            and not text.startswith(("raise ", "assert ")))
+
+
 def _evidence(enc: Encoded, attention: Sequence[float]) -> list[str]:
     """The line stating the failure (:func:`_root_line`: attention alone often picks a GPU
     banner or an import of the traceback) and the lines that received most attention, bar a
-    traceback's header, frames and imports, in log order, at most :data:`EVIDENCE_LINES`."""
+    traceback's header, frames, source lines and imports, in log order, at most
+    :data:`EVIDENCE_LINES`."""
     weight: dict[int, float] = {}
+    previous = ""
     for i, w in enumerate(attention):
         shown = enc.lines[i].shown
-        if shown and not _NOT_A_CAUSE.match(shown):  # no traceback header, frame or import
+        if shown and not _NOT_A_CAUSE.match(shown) and not _is_frame_source(shown, previous):
             weight[i] = w
+        previous = shown
     root = _root_line(enc.lines)
     chosen = [] if root is None else [root]
     for i in sorted(weight, key=weight.__getitem__, reverse=True):

@@ -104,6 +104,46 @@ def test_evidence_names_the_exception_not_the_imports_of_its_traceback() -> None
     assert _root_line([Line("all good", "x")]) is None
 
 
+@pytest.mark.parametrize("logged", [
+    "F0601 10:27:47.313387  4577 math_functions.cpp:91] Check failed: error == cudaSuccess "
+    "(30 vs. 0)  unknown error",
+    "2018-05-09 09:37:18.401486: E tensorflow/stream_executor/cuda/cuda_event.cc:49] Error "
+    "polling for event status: failed to query event: CUDA_ERROR_LAUNCH_FAILED",
+    "[rank4]:[E421 02:05:38.764490322 ProcessGroupGloo.cpp:143] Gloo connectFullMesh failed",
+    "I0321 21:59:14.739044 11354 solver.cpp:219] Iteration 160 (0.50 iter/s), loss = nan",
+    "5/5 [==============================] - 42s 8s/step - loss: nan - val_loss: nan",
+])
+def test_evidence_names_a_failure_logged_without_an_exception(logged: str) -> None:
+    """Caffe, TensorFlow and torch's C++ logs state a failure as a glog line at level E or F;
+    a numerical failure shows first as a loss gone NaN. The stack dump and the abort after it
+    are where the process died, not why."""
+    from sibylla.inference.engine import _root_line
+    from sibylla.inference.preprocess import Line
+
+    lines = [Line(t, t) for t in (
+        "I0601 10:27:47.1 4577 net.cpp:406] conv1 <- data", logged,
+        "*** Check failure stack trace: ***", "@     0x7efd2b81f8ba  caffe::caffe_gpu_memcpy()",
+        "RuntimeError: the process died", "Aborted (core dumped)")]
+    assert _root_line(lines) == 1
+
+
+def test_evidence_leaves_out_a_tracebacks_source_lines_but_not_its_raise() -> None:
+    from sibylla.inference.engine import _evidence
+    from sibylla.inference.features import Encoded
+    from sibylla.inference.preprocess import Line
+
+    texts = ('File "/x/run.py", line 9, in main', "elastic_launch(",
+             'File "/x/api.py", line 3, in launch', 'raise _env_error("MASTER_ADDR")',
+             'File "/x/train.py", line 3, in <module>', "OSError: [Errno 107] Transport "
+             "endpoint is not connected", "step 9")
+    lines = [Line(t, t) for t in texts]
+    attention = [0.0, 0.5, 0.0, 0.2, 0.0, 0.1, 0.2]
+    evidence = _evidence(Encoded(lines, np.full((7, 24), 5), np.zeros((7, 96), int), [],
+                                 np.full(7, -1)), attention)
+    assert evidence == ['raise _env_error("MASTER_ADDR")', "OSError: [Errno 107] Transport "
+                        "endpoint is not connected", "step 9"]
+
+
 def test_evidence_leaves_out_traceback_headers_frames_and_imports() -> None:
     from sibylla.inference.engine import _evidence
     from sibylla.inference.features import Encoded
