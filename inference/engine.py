@@ -116,8 +116,19 @@ _LOGGED_FAILURE = re.compile(
     r"|\[[EF] [^\]\s]+:\d+\]"
     r"|\d\d:\d\d:\d\d\.\d+: [EF] [^\]\s]+:\d+\]"
     r"|(?i:\bloss\w*\s*(?:[:=]|is)\s*nan\b)")
+
+
+def _logged_failure(text: str) -> bool:
+    """:data:`_LOGGED_FAILURE`, behind literals every match holds (a search costs more)."""
+    return (("]" in text or "oss" in text or "OSS" in text)
+            and _LOGGED_FAILURE.search(text) is not None)
+
+
 _NOT_A_CAUSE = re.compile(r"^(?:Traceback \(most recent|File \"|from \S+ import |import \S|"
                           r"During handling of|The above exception)")
+# NCCL states what went wrong on the line after ``Last error:`` (``Duplicate GPU detected``,
+# ``Error while creating shared memory segment``): the header's attention is that line's.
+_ANNOUNCES_NEXT = "Last error:"
 
 
 def _root_line(lines: Sequence[Line]) -> int | None:
@@ -129,7 +140,7 @@ def _root_line(lines: Sequence[Line]) -> int | None:
         text = line.shown
         if not text or _NOT_A_CAUSE.match(text):
             continue
-        if _EXCEPTION_LINE.search(text) or _LOGGED_FAILURE.search(text):
+        if _EXCEPTION_LINE.search(text) or _logged_failure(text):
             return i
         if fallback is None and is_error_start(text):
             fallback = i
@@ -146,14 +157,16 @@ def _is_frame_source(text: str, previous: str) -> bool:
 def _evidence(enc: Encoded, attention: Sequence[float]) -> list[str]:
     """The line stating the failure (:func:`_root_line`: attention alone often picks a GPU
     banner or an import of the traceback) and the lines that received most attention, bar a
-    traceback's header, frames, source lines and imports, in log order, at most
-    :data:`EVIDENCE_LINES`."""
+    traceback's header, frames, source lines and imports, and a header announcing the next
+    line (:data:`_ANNOUNCES_NEXT`), in log order, at most :data:`EVIDENCE_LINES`."""
     weight: dict[int, float] = {}
-    previous = ""
+    previous, announced = "", 0.0
     for i, w in enumerate(attention):
         shown = enc.lines[i].shown
-        if shown and not _NOT_A_CAUSE.match(shown) and not _is_frame_source(shown, previous):
-            weight[i] = w
+        if shown.endswith(_ANNOUNCES_NEXT):
+            announced = w
+        elif shown and not _NOT_A_CAUSE.match(shown) and not _is_frame_source(shown, previous):
+            weight[i], announced = max(w, announced), 0.0
         previous = shown
     root = _root_line(enc.lines)
     chosen = [] if root is None else [root]

@@ -6,6 +6,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from sibylla.inference import Classifier, LogWindow, ModelLoadError, load_classifier
 from sibylla.inference.checkpoint import Checkpoint
@@ -127,6 +129,19 @@ def test_evidence_names_a_failure_logged_without_an_exception(logged: str) -> No
     assert _root_line(lines) == 1
 
 
+_GLOG_PIECES = ["E0325 20:57:27.620000 2606 api.py:869] ", "[E421 02:05:38.7 Gloo.cpp:143]",
+                "[F ProcessGroupNCCL.cpp:341]", "2018-05-09 09:37:18.401486: E x/y.cc:49] ",
+                "loss", "LOSS", "Loss is ", ": nan", "=NaN ", "]", " ", "step 3 "]
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.sampled_from(_GLOG_PIECES) | st.text(max_size=12), max_size=8).map("".join))
+def test_the_logged_failure_shortcut_agrees_with_its_pattern(text: str) -> None:
+    from sibylla.inference.engine import _LOGGED_FAILURE, _logged_failure
+
+    assert _logged_failure(text) == (_LOGGED_FAILURE.search(text) is not None)
+
+
 def test_evidence_leaves_out_a_tracebacks_source_lines_but_not_its_raise() -> None:
     from sibylla.inference.engine import _evidence
     from sibylla.inference.features import Encoded
@@ -142,6 +157,23 @@ def test_evidence_leaves_out_a_tracebacks_source_lines_but_not_its_raise() -> No
                                  np.full(7, -1)), attention)
     assert evidence == ['raise _env_error("MASTER_ADDR")', "OSError: [Errno 107] Transport "
                         "endpoint is not connected", "step 9"]
+
+
+def test_evidence_shows_what_nccl_names_after_last_error() -> None:
+    from sibylla.inference.engine import _evidence
+    from sibylla.inference.features import Encoded
+    from sibylla.inference.preprocess import Line
+
+    texts = ("[rank0]: torch.distributed.DistBackendError: NCCL error in: ProcessGroupNCCL.cpp",
+             "[rank0]: ncclInvalidUsage: This usually reflects invalid usage of NCCL library.",
+             "[rank0]: Last error:",
+             "[rank0]: Duplicate GPU detected : rank 0 and rank 1 both on CUDA device 1c000",
+             "step 9")
+    lines = [Line(t, t) for t in texts]
+    attention = [0.1, 0.3, 0.4, 0.0, 0.2]
+    evidence = _evidence(Encoded(lines, np.full((5, 24), 5), np.zeros((5, 96), int), [],
+                                 np.full(5, -1)), attention)
+    assert evidence == [texts[0], texts[1], texts[3]]
 
 
 def test_evidence_leaves_out_traceback_headers_frames_and_imports() -> None:
