@@ -28,11 +28,9 @@ from pathlib import Path
 from typing import Any
 
 from sibylla.inference.api import Classifier
-from sibylla.inference.checkpoint import load_checkpoint
+from sibylla.inference.checkpoint import Checkpoint, load_checkpoint
 from sibylla.inference.corpus import (
     HELD_OUT_FILE,
-    REAL_FILES,
-    TRAIN_FILES,
     Record,
     load_records,
     packaged_path,
@@ -40,21 +38,22 @@ from sibylla.inference.corpus import (
 )
 from sibylla.inference.engine import ModelClassifier
 from sibylla.inference.evaluate import evaluate_classifier
-from sibylla.inference.train import examples_from_records
+from sibylla.inference.train import Example, examples_from_records, held_out_files
 from sibylla.online_learning.service import replay_seed
 from sibylla.online_learning.settings import OnlineSettings
 from sibylla.online_learning.store import ModelStore
 from sibylla.online_learning.trainer import Trainer
-from sibylla.schemas.records import Label, Vote
+from sibylla.online_learning.votes import outcome_vote, tally
+from sibylla.schemas.records import Label
 
 RESULTS = Path(__file__).resolve().parent / "results"
 STREAM_SHARE = 0.6  # of the repositories; the rest is the test set
-OUTCOME_WEIGHT = OnlineSettings().outcome_weight
 
 
-def stream_files() -> list[str]:
-    """The real files no training and no gate reads: what a new cluster's labels stand for."""
-    return [f for f in REAL_FILES if f not in TRAIN_FILES and f != HELD_OUT_FILE]
+def stream_files(base: Checkpoint) -> list[Path]:
+    """The real files ``base`` never trained on, bar the gate's own: what a new cluster's
+    labels stand for."""
+    return [p for p in held_out_files(base.meta) if p.name != HELD_OUT_FILE]
 
 
 def split(records: Sequence[Record], seed: int) -> tuple[list[Record], list[Record]]:
@@ -76,20 +75,25 @@ def decisions(classifier: Classifier, test: Sequence[Record]) -> dict[str, Any]:
             "abstention_rate": round(m["abstention_rate"], 4)}
 
 
-def run_stream(seed: int, every: int, records: Sequence[Record]) -> dict[str, Any]:
-    """One stream through the trainer; the first and the serving model on its test set."""
+def run_stream(seed: int, every: int, records: Sequence[Record], base: Checkpoint,
+               gate_logs: Sequence[Example], replayed: Sequence[Example]) -> dict[str, Any]:
+    """One stream through the trainer; the first and the serving model on its test set. Each
+    label is what the worker's rule makes of the retry's outcome (a transient failure's retry
+    completes, a deterministic one fails again the same way)."""
     stream, test = split(records, seed)
-    base = load_checkpoint(None)
-    gate_logs = examples_from_records(load_records(packaged_path(HELD_OUT_FILE)))
     steps = []
     with tempfile.TemporaryDirectory() as tmp:
         settings = OnlineSettings(models_dir=Path(tmp), finetune_every=every)
-        trainer = Trainer(settings, ModelStore(Path(tmp)), base, gate_logs, replay_seed(),
+        rule = settings.vote_rule()
+        trainer = Trainer(settings, ModelStore(Path(tmp)), base, gate_logs, replayed,
                           seed=seed)
         for i, r in enumerate(stream):
-            trainer.add_label(Label(f"job-{r.id}", 1, r.label,  # type: ignore[arg-type]
-                                    [Vote("outcome", r.label, OUTCOME_WEIGHT)],  # type: ignore[arg-type]
-                                    r.log, r.category, labeled_at=1000.0 + i))
+            vote = outcome_vote("sig", r.label == "nondeterministic", "sig", rule)
+            assert vote is not None
+            label = tally([vote], rule)
+            assert label is not None
+            trainer.add_label(Label(f"job-{r.id}", 1, label, [vote], r.log, r.category,
+                                    labeled_at=1000.0 + i))
             trigger = trainer.due()
             if trigger:
                 report = trainer.step(trigger)
@@ -109,13 +113,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--every", type=int, default=100, help="new labels per fine-tune")
     parser.add_argument("--out", type=Path, default=RESULTS / "finetune.json")
     args = parser.parse_args(argv)
-    records = [r for name in stream_files() for r in load_records(packaged_path(name))]
+    base = load_checkpoint(None)
+    files = stream_files(base)
+    records = [r for path in files for r in load_records(path)]
+    gate_logs = examples_from_records(load_records(packaged_path(HELD_OUT_FILE)))
+    replayed = replay_seed()
     t0 = time.monotonic()
     runs = []
     print("| stream | test logs | first: macro-F1, stopped (wrong) | serving: macro-F1, stopped "
           "(wrong) | promoted / rejected |\n|---|---|---|---|---|")
     for seed in range(args.streams):
-        run = run_stream(seed, args.every, records)
+        run = run_stream(seed, args.every, records, base, gate_logs, replayed)
         runs.append(run)
         first, serving = run["first"], run["serving"]
         promoted = sum(s["promoted"] for s in run["steps"])
@@ -132,8 +140,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                                                 / len(runs), 4)}
         print(f"{model}: {wrong} wrong do_not_retry of {stopped} stopped over the streams' "
               f"test sets, mean macro-F1 {totals[model]['mean_macro_f1']:.3f}")
-    result = {"files": stream_files(), "gate_file": HELD_OUT_FILE, "every": args.every,
-              "streams": runs, "totals": totals,
+    result = {"files": [path.name for path in files], "gate_file": HELD_OUT_FILE,
+              "every": args.every, "streams": runs, "totals": totals,
               "seconds": round(time.monotonic() - t0, 1)}
     args.out.parent.mkdir(exist_ok=True)
     args.out.write_text(json.dumps(result, indent=2, sort_keys=True) + "\n")
